@@ -1,0 +1,44 @@
+// Command kubectl-cp_rollout is the kubectl plugin binary: kubectl runs it for
+// `kubectl cp-rollout …`. main alone turns errors into exit codes and exits.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	// Client auth plugins (exec, OIDC …) so any kubeconfig kubectl accepts works here.
+	_ "k8s.io/client-go/plugin/pkg/client/auth"
+
+	"github.com/cp-rollout/cp-rollout/pkg/cli"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	// The first SIGINT or SIGTERM cancels the context: commands stop at once in a
+	// resumable state. A second signal falls through to the default and kills us.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	streams := genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}
+	err := cli.Run(ctx, streams, os.Args[1:])
+	if err == nil {
+		return exitcode.OK
+	}
+	code := exitcode.Of(err)
+	if ctx.Err() != nil {
+		code = exitcode.Interrupted
+	}
+	fmt.Fprintf(os.Stderr, "error: %v\n", err)
+	if code == exitcode.Usage {
+		fmt.Fprintln(os.Stderr, "Run 'kubectl cp-rollout --help' for usage.")
+	}
+	return code
+}

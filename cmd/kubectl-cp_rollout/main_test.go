@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// These tests run the real binary the way users do: through the real kubectl,
+// which finds kubectl-cp_rollout (and its completion helper) on PATH.
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "cp-rollout-bin-")
+	if err != nil {
+		panic(err)
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(dir, "kubectl-cp_rollout"), ".")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		panic("building the plugin: " + err.Error())
+	}
+	helper, err := os.ReadFile("../kubectl_complete-cp_rollout/kubectl_complete-cp_rollout")
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "kubectl_complete-cp_rollout"), helper, 0o755)
+	}
+	if err != nil {
+		panic(err)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type outcome struct {
+	code        int
+	stdout, log string
+}
+
+// kubectl runs the real kubectl with the plugin first on PATH and an empty
+// configuration directory.
+func kubectl(t *testing.T, env []string, args ...string) outcome {
+	t.Helper()
+	if _, err := exec.LookPath("kubectl"); err != nil {
+		t.Fatal("these tests need kubectl on PATH: ", err)
+	}
+	cmd := exec.Command("kubectl", args...)
+	cmd.Env = append(os.Environ(),
+		"PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"),
+		"XDG_CONFIG_HOME="+t.TempDir(),
+		"KUBECONFIG="+filepath.Join(t.TempDir(), "none"))
+	cmd.Env = append(cmd.Env, env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatal(err)
+	}
+	return outcome{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), log: stderr.String()}
+}
+
+func TestKubectlFindsThePlugin(t *testing.T) {
+	r := kubectl(t, nil, "plugin", "list")
+	if want := filepath.Join(binDir, "kubectl-cp_rollout"); !strings.Contains(r.stdout, want) {
+		t.Fatalf("kubectl plugin list does not list %s:\n%s%s", want, r.stdout, r.log)
+	}
+}
+
+func TestHelpShowsKubectlFlags(t *testing.T) {
+	r := kubectl(t, nil, "cp-rollout", "--help")
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.log)
+	}
+	for _, want := range []string{"kubectl cp-rollout [command]", "--kubeconfig", "--context", "--namespace", "--as ", "--request-timeout", "version"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("--help lacks %q", want)
+		}
+	}
+}
+
+func TestBadUsageExitsTwoWithOneLine(t *testing.T) {
+	for _, args := range [][]string{
+		{"cp-rollout", "upgarde"},
+		{"cp-rollout", "version", "--no-such-flag"},
+		{"cp-rollout", "version", "-o", "xml"},
+	} {
+		r := kubectl(t, nil, args...)
+		if r.code != 2 {
+			t.Errorf("%v: exit %d, want 2", args, r.code)
+		}
+		lines := strings.Split(strings.TrimSpace(r.log), "\n")
+		if len(lines) != 2 || !strings.HasPrefix(lines[0], "error: ") || !strings.Contains(lines[1], "--help") {
+			t.Errorf("%v: want one error line and the usage hint, got:\n%s", args, r.log)
+		}
+		if r.stdout != "" {
+			t.Errorf("%v: printed to stdout: %q", args, r.stdout)
+		}
+	}
+}
+
+func TestMalformedConfigNamesFileAndLine(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(file, []byte("namespace: x\n\tcontext: y\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := kubectl(t, []string{"CP_ROLLOUT_CONFIG=" + file}, "cp-rollout", "version")
+	if r.code != 2 || !strings.Contains(r.log, file+": line 2:") {
+		t.Fatalf("exit %d, stderr %q: want exit 2 naming %s and line 2", r.code, r.log, file)
+	}
+}
+
+func TestKubectlCompletesThePlugin(t *testing.T) {
+	r := kubectl(t, nil, "__complete", "cp-rollout", "ver")
+	if !strings.Contains(r.stdout, "version") {
+		t.Fatalf("kubectl did not complete through kubectl_complete-cp_rollout:\n%s%s", r.stdout, r.log)
+	}
+}

@@ -1,0 +1,215 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+// isolate points the config file lookup at an empty directory and clears every
+// CP_ROLLOUT_ variable, so the developer's own setup cannot leak into a test.
+func isolate(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	t.Setenv("XDG_CONFIG_HOME", dir)
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, envPrefix+"_") {
+			t.Setenv(name, "")
+			os.Unsetenv(name)
+		}
+	}
+	return filepath.Join(dir, "cp-rollout", "config.yaml")
+}
+
+func writeConfig(t *testing.T, path, body string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type result struct {
+	code     int
+	err      error
+	out, log string
+	opts     *RootOptions
+}
+
+func run(t *testing.T, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	cmd, opts := newRootCmd(genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(context.Background())
+	return result{code: exitcode.Of(err), err: err, out: out.String(), log: errOut.String(), opts: opts}
+}
+
+func TestBadInputIsUsageError(t *testing.T) {
+	isolate(t)
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown verb", []string{"upgarde"}, `unknown command "upgarde"`},
+		{"unknown verb close to one", []string{"versoin"}, `did you mean "version"?`},
+		{"unknown flag", []string{"version", "--bogus"}, "unknown flag: --bogus"},
+		{"unknown shorthand", []string{"-Z"}, "unknown shorthand flag: 'Z'"},
+		{"bad output", []string{"version", "-o", "yaml"}, `--output must be one of text, json, not "yaml"`},
+		{"extra argument", []string{"version", "extra"}, `unknown command "extra"`},
+		{"bad shell", []string{"completion", "tcsh"}, `invalid argument "tcsh"`},
+		{"no shell", []string{"completion"}, "accepts 1 arg(s), received 0"},
+		{"flag without value", []string{"version", "--output"}, "flag needs an argument"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := run(t, tc.args...)
+			if r.code != exitcode.Usage {
+				t.Fatalf("exit code %d, want %d (err: %v)", r.code, exitcode.Usage, r.err)
+			}
+			if msg := r.err.Error(); !strings.Contains(msg, tc.want) || strings.Contains(msg, "\n") {
+				t.Fatalf("error %q: want one line containing %q", msg, tc.want)
+			}
+			if r.out != "" {
+				t.Fatalf("bad input printed to stdout: %q", r.out)
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	isolate(t)
+	r := run(t, "version", "-o", "json")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	var info map[string]string
+	if err := json.Unmarshal([]byte(r.out), &info); err != nil {
+		t.Fatalf("version -o json is not JSON: %v\n%s", err, r.out)
+	}
+	for _, k := range []string{"version", "commit", "buildDate", "goVersion", "platform"} {
+		if info[k] == "" {
+			t.Errorf("version -o json lacks %q: %s", k, r.out)
+		}
+	}
+	if r := run(t, "version"); !strings.HasPrefix(r.out, "kubectl-cp_rollout ") {
+		t.Fatalf("version text: %q", r.out)
+	}
+}
+
+func TestCompletionScripts(t *testing.T) {
+	isolate(t)
+	for shell, marker := range map[string]string{"bash": "__kubectl-cp_rollout_", "zsh": "#compdef", "fish": "complete -c kubectl-cp_rollout"} {
+		r := run(t, "completion", shell)
+		if r.err != nil || !strings.Contains(r.out, marker) {
+			t.Errorf("completion %s: err %v, output lacks %q", shell, r.err, marker)
+		}
+	}
+}
+
+// Precedence is flag > environment > config file, for the shared kubectl flags
+// and for each verb's own flags alike.
+func TestConfigPrecedence(t *testing.T) {
+	cases := []struct {
+		name          string
+		file, env     string
+		args          []string
+		wantNamespace string
+		wantJSON      bool
+	}{
+		{name: "defaults", wantNamespace: ""},
+		{name: "file", file: "namespace: from-file\noutput: json\n", wantNamespace: "from-file", wantJSON: true},
+		{name: "env beats file", file: "namespace: from-file\n", env: "from-env", wantNamespace: "from-env"},
+		{name: "flag beats env and file", file: "namespace: from-file\n", env: "from-env",
+			args: []string{"-n", "from-flag"}, wantNamespace: "from-flag"},
+		{name: "flag beats file for a verb flag", file: "output: json\n", args: []string{"-o", "text"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := isolate(t)
+			if tc.file != "" {
+				writeConfig(t, path, tc.file)
+			}
+			if tc.env != "" {
+				t.Setenv("CP_ROLLOUT_NAMESPACE", tc.env)
+			}
+			r := run(t, append([]string{"version"}, tc.args...)...)
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if got := *r.opts.ConfigFlags.Namespace; got != tc.wantNamespace {
+				t.Errorf("namespace %q, want %q", got, tc.wantNamespace)
+			}
+			if got := json.Valid([]byte(r.out)); got != tc.wantJSON {
+				t.Errorf("JSON output %v, want %v: %q", got, tc.wantJSON, r.out)
+			}
+		})
+	}
+}
+
+func TestConfigFileChoice(t *testing.T) {
+	isolate(t)
+	other := filepath.Join(t.TempDir(), "other.yaml")
+	writeConfig(t, other, "output: json\n")
+
+	if r := run(t, "--config", other, "version"); r.err != nil || !json.Valid([]byte(r.out)) {
+		t.Errorf("--config FILE not used: %v %q", r.err, r.out)
+	}
+	t.Setenv("CP_ROLLOUT_CONFIG", other)
+	if r := run(t, "version"); r.err != nil || !json.Valid([]byte(r.out)) {
+		t.Errorf("CP_ROLLOUT_CONFIG not used: %v %q", r.err, r.out)
+	}
+}
+
+func TestBadConfigIsUsageError(t *testing.T) {
+	cases := []struct {
+		name, body string
+		env        map[string]string
+		want       []string
+	}{
+		{name: "malformed yaml", body: "namespace: a\n\toutput: json\n", want: []string{"config.yaml", "line 2", "tab character"}},
+		{name: "bad indentation", body: "namespace: a\n  output: json\n", want: []string{"config.yaml", "line 2"}},
+		{name: "unknown key", body: "namespace: a\nnamspace: b\n", want: []string{"config.yaml", "line 2", `unknown key "namspace"`}},
+		{name: "not a mapping", body: "- namespace\n", want: []string{"config.yaml", "line 1", "mapping"}},
+		{name: "bad value in file", body: "insecure-skip-tls-verify: perhaps\n", want: []string{"config file", "insecure-skip-tls-verify"}},
+		{name: "bad value in env", env: map[string]string{"CP_ROLLOUT_INSECURE_SKIP_TLS_VERIFY": "perhaps"},
+			want: []string{"environment variable CP_ROLLOUT_INSECURE_SKIP_TLS_VERIFY"}},
+		{name: "missing explicit file", env: map[string]string{"CP_ROLLOUT_CONFIG": "/nonexistent/cp.yaml"},
+			want: []string{"/nonexistent/cp.yaml", "no such file"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := isolate(t)
+			if tc.body != "" {
+				writeConfig(t, path, tc.body)
+			}
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			r := run(t, "version")
+			if r.code != exitcode.Usage {
+				t.Fatalf("exit code %d, want %d (err: %v)", r.code, exitcode.Usage, r.err)
+			}
+			msg := r.err.Error()
+			for _, w := range tc.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q lacks %q", msg, w)
+				}
+			}
+			if strings.Contains(msg, "\n") {
+				t.Errorf("error is not one line: %q", msg)
+			}
+		})
+	}
+}

@@ -1,0 +1,175 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+	yaml "go.yaml.in/yaml/v3"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+const (
+	envPrefix  = "CP_ROLLOUT"
+	configFlag = "config"
+)
+
+// defaultConfigFile is $XDG_CONFIG_HOME/cp-rollout/config.yaml (or the
+// platform's equivalent); empty when no config directory can be determined.
+func defaultConfigFile() string {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, "cp-rollout", "config.yaml")
+}
+
+// envName is the environment variable that configures a flag:
+// --request-timeout is CP_ROLLOUT_REQUEST_TIMEOUT.
+func envName(flag string) string {
+	return envPrefix + "_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// applyConfig fills every flag the user did not give on the command line, first
+// from the environment and then from the configuration file, so precedence is
+// flag > environment > file. Keys in the file are flag names.
+func applyConfig(cmd *cobra.Command, file string) error {
+	explicit := cmd.Flags().Changed(configFlag)
+	if !explicit {
+		if env, ok := os.LookupEnv(envName(configFlag)); ok {
+			file, explicit = env, true
+		}
+	}
+
+	v := viper.New()
+	v.SetEnvPrefix(envPrefix)
+	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
+	v.AutomaticEnv()
+
+	fromFile := false
+	if file != "" {
+		raw, err := os.ReadFile(file)
+		switch {
+		case errors.Is(err, fs.ErrNotExist) && !explicit:
+			// No file at the default location is the normal case.
+		case err != nil:
+			return exitcode.Usagef("config file %s: %v", file, errors.Unwrap(err))
+		default:
+			if err := checkConfigKeys(file, raw, knownFlags(cmd.Root())); err != nil {
+				return err
+			}
+			v.SetConfigType("yaml")
+			if err := v.ReadConfig(strings.NewReader(string(raw))); err != nil {
+				return exitcode.Usagef("config file %s: %s", file, yamlReason(err))
+			}
+			fromFile = true
+		}
+	}
+
+	var setErr error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if setErr != nil || f.Changed || f.Name == configFlag || f.Name == "help" || !v.IsSet(f.Name) {
+			return
+		}
+		source := "config file " + file
+		if _, ok := os.LookupEnv(envName(f.Name)); ok || !fromFile {
+			source = "environment variable " + envName(f.Name)
+		}
+		for _, value := range flagValues(v.Get(f.Name)) {
+			if err := cmd.Flags().Set(f.Name, value); err != nil {
+				setErr = exitcode.Usagef("%s: invalid value %q for --%s: %v", source, value, f.Name, err)
+				return
+			}
+		}
+	})
+	return setErr
+}
+
+// flagValues turns a configured value into what pflag's Set accepts: lists
+// (for repeatable flags such as --as-group) become one Set per element.
+func flagValues(v any) []string {
+	if list, ok := v.([]any); ok {
+		out := make([]string, 0, len(list))
+		for _, e := range list {
+			out = append(out, fmt.Sprint(e))
+		}
+		return out
+	}
+	return []string{fmt.Sprint(v)}
+}
+
+// knownFlags lists every flag name used anywhere in the command tree: a key in
+// the shared config file is valid if some verb understands it.
+func knownFlags(root *cobra.Command) map[string]bool {
+	known := map[string]bool{}
+	var walk func(*cobra.Command)
+	walk = func(c *cobra.Command) {
+		add := func(f *pflag.Flag) { known[f.Name] = true }
+		c.LocalFlags().VisitAll(add)
+		c.PersistentFlags().VisitAll(add)
+		for _, child := range c.Commands() {
+			walk(child)
+		}
+	}
+	walk(root)
+	delete(known, configFlag)
+	delete(known, "help")
+	return known
+}
+
+// checkConfigKeys rejects a file that is not a flat mapping of known flag names,
+// naming the line, so a typo such as "namspace:" is not silently ignored.
+// yaml.v3 is used directly because viper discards line numbers.
+func checkConfigKeys(file string, raw []byte, known map[string]bool) error {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return exitcode.Usagef("config file %s: %s", file, yamlReason(err))
+	}
+	if len(doc.Content) == 0 {
+		return nil // an empty file configures nothing
+	}
+	top := doc.Content[0]
+	if top.Kind != yaml.MappingNode {
+		return exitcode.Usagef("config file %s: line %d: expected a mapping of flag names to values", file, top.Line)
+	}
+	for i := 0; i < len(top.Content); i += 2 {
+		key := top.Content[i]
+		if !known[key.Value] {
+			return exitcode.Usagef("config file %s: line %d: unknown key %q (keys are flag names, such as %s)",
+				file, key.Line, key.Value, strings.Join(exampleKeys(known), ", "))
+		}
+		if val := top.Content[i+1]; val.Kind == yaml.MappingNode {
+			return exitcode.Usagef("config file %s: line %d: %q takes a value or a list, not a mapping", file, val.Line, key.Value)
+		}
+	}
+	return nil
+}
+
+func exampleKeys(known map[string]bool) []string {
+	var keys []string
+	for _, k := range []string{"namespace", "context", "kubeconfig", "request-timeout"} {
+		if known[k] {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// yamlReason keeps the line-numbered part of a YAML error ("line 3: mapping
+// values are not allowed in this context") and drops the library prefixes.
+func yamlReason(err error) string {
+	msg := err.Error()
+	for _, prefix := range []string{"While parsing config: ", "yaml: "} {
+		msg = strings.TrimPrefix(msg, prefix)
+	}
+	return strings.ReplaceAll(msg, "\n", "; ")
+}

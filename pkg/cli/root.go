@@ -1,0 +1,119 @@
+// Package cli builds the command tree of kubectl cp-rollout: one file per verb,
+// each an Options struct with Complete, Validate and Run. Commands never exit the
+// process; they return errors marked by package exitcode and main decides.
+package cli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+// displayName is how users invoke the tool; kubectl finds the binary
+// kubectl-cp_rollout on PATH and maps "cp-rollout" to it.
+const displayName = "kubectl cp-rollout"
+
+// Run builds the command tree, runs the command that args select and returns its
+// error. It is what main calls; tests call it too.
+func Run(ctx context.Context, streams genericiooptions.IOStreams, args []string) error {
+	root := NewRootCmd(streams)
+	root.SetArgs(args)
+	return root.ExecuteContext(ctx)
+}
+
+// RootOptions holds what every verb shares: how to reach the management cluster
+// and where the configuration file is.
+type RootOptions struct {
+	ConfigFlags *genericclioptions.ConfigFlags
+	ConfigFile  string
+	Streams     genericiooptions.IOStreams
+}
+
+// NewRootCmd returns the root of the command tree.
+func NewRootCmd(streams genericiooptions.IOStreams) *cobra.Command {
+	cmd, _ := newRootCmd(streams)
+	return cmd
+}
+
+// newRootCmd also returns the shared options, so tests can see what the flags,
+// environment and config file resolved to.
+func newRootCmd(streams genericiooptions.IOStreams) (*cobra.Command, *RootOptions) {
+	o := &RootOptions{
+		ConfigFlags: genericclioptions.NewConfigFlags(true),
+		ConfigFile:  defaultConfigFile(),
+		Streams:     streams,
+	}
+	cmd := &cobra.Command{
+		Use:   "kubectl-cp_rollout",
+		Short: "Roll Cluster API control planes one machine at a time, safely",
+		Long: `kubectl cp-rollout performs Cluster API control-plane rollouts imperatively:
+one machine at a time, in a blocking loop, every step gated by the same safety
+checks (no step while a control-plane machine is deleting, never delete the last
+control-plane machine, never lose etcd quorum).`,
+		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: displayName},
+		// Errors are printed once, by main, as one line; usage is only hinted at.
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args:          noVerb,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cmd.Help()
+		},
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return applyConfig(cmd, o.ConfigFile)
+		},
+		CompletionOptions:          cobra.CompletionOptions{DisableDefaultCmd: true},
+		SuggestionsMinimumDistance: 2,
+	}
+	cmd.SetIn(streams.In)
+	cmd.SetOut(streams.Out)
+	cmd.SetErr(streams.ErrOut)
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return exitcode.New(exitcode.Usage, err)
+	})
+
+	o.ConfigFlags.AddFlags(cmd.PersistentFlags())
+	cmd.PersistentFlags().StringVar(&o.ConfigFile, configFlag, o.ConfigFile,
+		"Path to the configuration file (environment: "+envPrefix+"_CONFIG)")
+
+	cmd.AddCommand(
+		NewCmdVersion(streams),
+		NewCmdCompletion(streams),
+	)
+	return cmd, o
+}
+
+// noVerb rejects anything the root is given that cobra did not resolve to a verb,
+// suggesting the nearest verb when one is close.
+func noVerb(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], displayName)
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += fmt.Sprintf("; did you mean %q?", s[0])
+	}
+	return exitcode.Usagef("%s", msg)
+}
+
+// usageArgs marks cobra's positional-argument errors as bad usage.
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		return exitcode.New(exitcode.Usage, check(cmd, args))
+	}
+}
+
+// oneOf validates an enumerated flag value.
+func oneOf(flag, value string, allowed ...string) error {
+	for _, a := range allowed {
+		if value == a {
+			return nil
+		}
+	}
+	return exitcode.Usagef("--%s must be one of %s, not %q", flag, strings.Join(allowed, ", "), value)
+}
