@@ -1,0 +1,252 @@
+package etcd
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Member is one etcd member as the rollout sees it: identity from the member list, health
+// from asking the member itself, alarms from the cluster.
+type Member struct {
+	ID uint64
+	// Name is the member name, which kubeadm sets to the node name. It is empty until the
+	// member has started for the first time.
+	Name string
+	// Node is the node the member was probed on; empty when no node carries its name.
+	Node       string
+	PeerURLs   []string
+	ClientURLs []string
+	// Learner is true for a raft learner and for a member that has not started yet (no
+	// name): neither votes, and neither may receive leadership.
+	Learner bool
+	// Leader is true for the member the cluster currently follows.
+	Leader bool
+	// Healthy is true when the member answered, sees a leader, and reports no alarms and no
+	// errors. Healthy says nothing about voting; see Voting.
+	Healthy bool
+
+	Version          string
+	DBSize           int64
+	DBSizeInUse      int64
+	RaftTerm         uint64
+	RaftIndex        uint64
+	RaftAppliedIndex uint64
+	// Alarms are the alarms raised for this member, e.g. NOSPACE or CORRUPT.
+	Alarms []string
+	// Errors explain why the member is not healthy.
+	Errors []string
+}
+
+// Started reports whether the member has ever run; until then etcd lists it without a name.
+func (m Member) Started() bool { return m.Name != "" }
+
+// Voting reports whether the member counts towards quorum.
+func (m Member) Voting() bool { return m.Started() && !m.Learner }
+
+// String names the member for messages.
+func (m Member) String() string { return describeMember(m.Name, m.ID) }
+
+// Members lists the cluster's members with their health and the current leader. It asks
+// the members on nodes in order until a voting one answers, then probes each member on its
+// own node. An error means no member could list the cluster; an unreachable member is not
+// an error but an unhealthy Member.
+func (c *Client) Members(ctx context.Context, nodes []Node) ([]Member, error) {
+	members, _, err := c.members(ctx, nodes)
+	return members, err
+}
+
+// members is Members that also returns the connection the list came through.
+func (c *Client) members(ctx context.Context, nodes []Node) ([]Member, *memberConn, error) {
+	if len(nodes) == 0 {
+		return nil, nil, errors.New("etcd: no control-plane nodes to reach members on")
+	}
+	var (
+		list   *clientv3.MemberListResponse
+		alarms *clientv3.AlarmResponse
+		via    *memberConn
+		errs   []error
+	)
+	for _, node := range nodes {
+		mc, err := c.conn(node)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		// A learner refuses MemberList ("rpc not supported for learner"); the next node
+		// will do, so no retries on this one beyond the transient ones.
+		err = mc.call(ctx, "list members", func(ctx context.Context) error {
+			var err error
+			list, err = mc.api.MemberList(ctx)
+			return err
+		})
+		if err == nil {
+			err = mc.call(ctx, "list alarms", func(ctx context.Context) error {
+				var err error
+				alarms, err = mc.api.AlarmList(ctx)
+				return err
+			})
+		}
+		if err != nil {
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		via = mc
+		break
+	}
+	if via == nil {
+		return nil, nil, fmt.Errorf("no etcd member could list the cluster: %w", errors.Join(errs...))
+	}
+
+	byName := map[string]Node{}
+	for _, n := range nodes {
+		byName[n.Name] = n
+	}
+	members := make([]Member, len(list.Members))
+	statuses := make([]*clientv3.StatusResponse, len(list.Members))
+	var wg sync.WaitGroup
+	for i, pb := range list.Members {
+		members[i] = memberFrom(pb)
+		m := &members[i]
+		for _, a := range alarms.Alarms {
+			if a.MemberID == m.ID && a.Alarm != etcdserverpb.AlarmType_NONE {
+				m.Alarms = append(m.Alarms, a.Alarm.String())
+			}
+		}
+		if !m.Started() {
+			m.Errors = append(m.Errors, "not started yet")
+			continue
+		}
+		node, ok := byName[m.Name]
+		if !ok {
+			m.Errors = append(m.Errors, fmt.Sprintf("no control-plane node named %s to reach it on", m.Name))
+			continue
+		}
+		m.Node = node.Name
+		wg.Go(func() {
+			mc, err := c.conn(node)
+			if err == nil {
+				statuses[i], err = mc.status(ctx)
+			}
+			if err != nil {
+				m.Errors = append(m.Errors, err.Error())
+			}
+		})
+	}
+	wg.Wait()
+
+	leader := leaderOf(members, statuses)
+	for i := range members {
+		m := &members[i]
+		st := statuses[i]
+		m.Leader = leader != 0 && m.ID == leader
+		if st == nil {
+			continue
+		}
+		if st.Header != nil && st.Header.MemberId != m.ID {
+			// Whatever answered on this node is not the listed member (a stale pod, a
+			// reused address): its numbers would be someone else's.
+			m.Errors = append(m.Errors, fmt.Sprintf("node %s answers as member %x", m.Node, st.Header.MemberId))
+			continue
+		}
+		m.Version = st.Version
+		m.DBSize = st.DbSize
+		m.DBSizeInUse = st.DbSizeInUse
+		m.RaftTerm = st.RaftTerm
+		m.RaftIndex = st.RaftIndex
+		m.RaftAppliedIndex = st.RaftAppliedIndex
+		m.Errors = append(m.Errors, st.Errors...)
+		if st.Leader == 0 {
+			m.Errors = append(m.Errors, "sees no leader")
+		}
+		m.Healthy = len(m.Errors) == 0 && len(m.Alarms) == 0
+	}
+	slices.SortFunc(members, func(a, b Member) int {
+		// Started members by name, then the ones not started yet by ID.
+		if a.Started() != b.Started() {
+			if a.Started() {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.ID, b.ID))
+	})
+	return members, via, nil
+}
+
+func memberFrom(pb *etcdserverpb.Member) Member {
+	return Member{
+		ID:         pb.ID,
+		Name:       pb.Name,
+		PeerURLs:   pb.PeerURLs,
+		ClientURLs: pb.ClientURLs,
+		Learner:    pb.IsLearner || pb.Name == "",
+	}
+}
+
+// leaderOf is the leader seen by the members that answered in the highest term: a member
+// cut off from the others may still believe in an older leader.
+func leaderOf(members []Member, statuses []*clientv3.StatusResponse) uint64 {
+	var term, leader uint64
+	for i, st := range statuses {
+		if st == nil || st.Leader == 0 || st.Header == nil || st.Header.MemberId != members[i].ID {
+			continue
+		}
+		if st.RaftTerm > term {
+			term, leader = st.RaftTerm, st.Leader
+		}
+	}
+	return leader
+}
+
+// Leader returns the leader among members, if one is known.
+func Leader(members []Member) (Member, bool) {
+	for _, m := range members {
+		if m.Leader {
+			return m, true
+		}
+	}
+	return Member{}, false
+}
+
+// MemberByID finds a member by ID.
+func MemberByID(members []Member, id uint64) (Member, bool) {
+	for _, m := range members {
+		if m.ID == id {
+			return m, true
+		}
+	}
+	return Member{}, false
+}
+
+// MemberByName finds a started member by name (kubeadm: the node name).
+func MemberByName(members []Member, name string) (Member, bool) {
+	for _, m := range members {
+		if name != "" && m.Name == name {
+			return m, true
+		}
+	}
+	return Member{}, false
+}
+
+// LeaderCandidates are the members that may take leadership from the member leaving:
+// healthy voting members other than it. Learners and members not started are never among
+// them.
+func LeaderCandidates(members []Member, leaving uint64) []Member {
+	var out []Member
+	for _, m := range members {
+		if m.ID != leaving && m.Voting() && m.Healthy {
+			out = append(out, m)
+		}
+	}
+	return out
+}

@@ -1,0 +1,256 @@
+package etcd_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
+)
+
+// strictReconfig keeps etcd's default refusal of membership changes while members it
+// counts on have been connected for less than five seconds, as in production.
+func strictReconfig(c *member.Config) { c.RelaxedReconfigCheck = false }
+
+func TestMembersOfOneThreeAndFiveMemberClusters(t *testing.T) {
+	t.Parallel()
+	for i, size := range []int{1, 3, 5} {
+		t.Run(fmt.Sprintf("%d members", size), func(t *testing.T) {
+			ctx := testContext(t)
+			tc := newTestCluster(t, fmt.Sprintf("81.%d", i), size)
+			members := mustMembers(t, ctx, tc.client(), tc.nodes)
+			if len(members) != size {
+				t.Fatalf("listed %d members, want %d: %v", len(members), size, members)
+			}
+			leaders := 0
+			for _, m := range members {
+				if !m.Voting() || !m.Healthy || m.Node != m.Name {
+					t.Errorf("member %s: voting %v healthy %v node %q errors %v", m, m.Voting(), m.Healthy, m.Node, m.Errors)
+				}
+				if m.Version != "3.6.14" || m.DBSize <= 0 || m.RaftTerm == 0 || m.RaftIndex == 0 || len(m.PeerURLs) != 1 || len(m.ClientURLs) != 1 {
+					t.Errorf("member %s: status not filled in: %+v", m, m)
+				}
+				if m.Leader {
+					leaders++
+				}
+			}
+			if leaders != 1 {
+				t.Errorf("%d leaders among %v", leaders, members)
+			}
+			if p := etcd.Project(members, etcd.Remove, members[0].ID); p.Safe != (size > 1) {
+				t.Errorf("removing one of %d healthy members: %s; safe %v", size, p.Reason(), p.Safe)
+			}
+		})
+	}
+}
+
+func TestMoveLeaderToChosenMember(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	tc := newTestCluster(t, "82.0", 3)
+	c := tc.client()
+	members := mustMembers(t, ctx, c, tc.nodes)
+	leader, ok := etcd.Leader(members)
+	if !ok {
+		t.Fatal("no leader")
+	}
+	candidates := etcd.LeaderCandidates(members, leader.ID)
+	if len(candidates) != 2 {
+		t.Fatalf("candidates %v", candidates)
+	}
+	for _, target := range append(candidates, candidates[0]) {
+		if err := c.MoveLeader(ctx, tc.nodes, target.ID); err != nil {
+			t.Fatal(err)
+		}
+		now, ok := etcd.Leader(mustMembers(t, ctx, c, tc.nodes))
+		if !ok || now.ID != target.ID {
+			t.Fatalf("leader after moving to %s is %s", target, now)
+		}
+	}
+	// Asking for the current leader is a no-op, not an error.
+	if err := c.MoveLeader(ctx, tc.nodes, candidates[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.MoveLeader(ctx, tc.nodes, 0xdead); !errors.Is(err, etcd.ErrMemberNotFound) {
+		t.Fatalf("moving to an unknown member: %v", err)
+	}
+}
+
+func TestRemoveMemberGoneFromEveryList(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	tc := newTestCluster(t, "83.0", 3, strictReconfig)
+	c := tc.client()
+	members := mustMembers(t, ctx, c, tc.nodes)
+	leader, _ := etcd.Leader(members)
+	if err := c.RemoveMember(ctx, tc.nodes, leader.ID); !errors.Is(err, etcd.ErrIsLeader) {
+		t.Fatalf("removing the leader: %v", err)
+	}
+	victim := etcd.LeaderCandidates(members, leader.ID)[0]
+	if err := c.RemoveMember(ctx, tc.nodes, victim.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-tc.members[victim.Name].Stopped():
+	case <-time.After(10 * time.Second):
+		t.Error("removed member still running")
+	}
+	// Every remaining member, asked on its own, no longer lists the victim.
+	for _, n := range tc.nodes {
+		if n.Name == victim.Name {
+			continue
+		}
+		list, err := c.Members(ctx, []etcd.Node{n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := etcd.MemberByID(list, victim.ID); ok || len(list) != 2 {
+			t.Errorf("node %s still lists %s: %v", n.Name, victim, list)
+		}
+	}
+	// Resuming after an interruption removes nothing twice and fails on nothing.
+	if err := c.RemoveMember(ctx, tc.nodes, victim.ID); err != nil {
+		t.Fatalf("removing again: %v", err)
+	}
+}
+
+func TestRemoveLastMemberRefused(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	tc := newTestCluster(t, "84.0", 1)
+	c := tc.client()
+	only := mustMembers(t, ctx, c, tc.nodes)[0]
+	if err := c.RemoveMember(ctx, tc.nodes, only.ID); !errors.Is(err, etcd.ErrLastMember) || !strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("removing the last member: %v", err)
+	}
+	if len(mustMembers(t, ctx, c, tc.nodes)) != 1 {
+		t.Fatal("last member removed")
+	}
+}
+
+func TestStoppedMemberUnhealthyAndSecondRemovalRefused(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	tc := newTestCluster(t, "85.0", 3, strictReconfig)
+	c := tc.client()
+	members := mustMembers(t, ctx, c, tc.nodes)
+	leader, _ := etcd.Leader(members)
+	stopped := etcd.LeaderCandidates(members, leader.ID)[0]
+	tc.members[stopped.Name].Stop()
+
+	members = mustMembers(t, ctx, c, tc.nodes)
+	got := named(t, members, stopped.Name)
+	if got.Healthy || len(got.Errors) == 0 || !strings.Contains(strings.Join(got.Errors, " "), stopped.Name) {
+		t.Fatalf("stopped member reported healthy %v, errors %v", got.Healthy, got.Errors)
+	}
+	healthy := etcd.LeaderCandidates(members, stopped.ID)
+	if len(healthy) != 2 {
+		t.Fatalf("healthy voting members %v", healthy)
+	}
+	for _, other := range healthy {
+		for _, change := range []etcd.Change{etcd.Remove, etcd.Stop} {
+			if p := etcd.Project(members, change, other.ID); p.Safe {
+				t.Errorf("%s %s with %s stopped projected safe: %s", change, other, stopped, p.Reason())
+			}
+		}
+		var qe *etcd.QuorumError
+		if err := c.RemoveMember(ctx, tc.nodes, other.ID); !errors.As(err, &qe) {
+			t.Fatalf("removing a second member: %v", err)
+		}
+	}
+	if len(mustMembers(t, ctx, c, tc.nodes)) != 3 {
+		t.Fatal("a member was removed")
+	}
+	// Removing the stopped member itself keeps quorum among the two healthy ones.
+	if p := etcd.Project(members, etcd.Remove, stopped.ID); !p.Safe {
+		t.Fatalf("removing the stopped member: %s", p.Reason())
+	}
+	if err := c.RemoveMember(ctx, tc.nodes, stopped.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLearnerAndUnstartedMemberNeverLead(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	tc := newTestCluster(t, "86.0", 2)
+	c := tc.client()
+	learner := tc.start("node-c", func(cfg *member.Config) { cfg.StayLearner = true })
+
+	members := mustMembers(t, ctx, c, tc.nodes)
+	got := named(t, members, "node-c")
+	if !got.Learner || got.Voting() || !got.Started() || got.ID != learner.ID() {
+		t.Fatalf("learner reported as %+v", got)
+	}
+	if err := c.MoveLeader(ctx, tc.nodes, got.ID); !errors.Is(err, etcd.ErrNotVoting) {
+		t.Fatalf("moving leadership to a learner: %v", err)
+	}
+	checkNeverCandidate(t, members, got.ID)
+	leader, _ := etcd.Leader(members)
+	if p := etcd.Project(members, etcd.Remove, leader.ID); p.Safe || len(p.Pending) != 1 {
+		t.Fatalf("removal with a learner pending projected as %s", p.Reason())
+	}
+	// The learner itself may go: it does not count towards quorum.
+	if err := c.RemoveMember(ctx, tc.nodes, got.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// A member added but never started, as a join that died before etcd came up.
+	added, err := tc.raw(tc.members["node-a"].ClientURL()).MemberAddAsLearner(ctx, []string{"https://" + tc.ip("node-d") + ":2380"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	members = mustMembers(t, ctx, c, tc.nodes)
+	unstarted, ok := etcd.MemberByID(members, added.Member.ID)
+	if !ok || unstarted.Started() || !unstarted.Learner || unstarted.Healthy || unstarted.Name != "" {
+		t.Fatalf("unstarted member reported as %+v", unstarted)
+	}
+	if members[len(members)-1].ID != unstarted.ID {
+		t.Errorf("unstarted member not listed last: %v", members)
+	}
+	if err := c.MoveLeader(ctx, tc.nodes, unstarted.ID); !errors.Is(err, etcd.ErrNotVoting) {
+		t.Fatalf("moving leadership to an unstarted member: %v", err)
+	}
+	checkNeverCandidate(t, members, unstarted.ID)
+	if p := etcd.Project(members, etcd.Add, 0); p.Safe {
+		t.Fatalf("adding while a member has not started projected safe: %s", p.Reason())
+	}
+}
+
+func checkNeverCandidate(t *testing.T, members []etcd.Member, id uint64) {
+	t.Helper()
+	for _, m := range members {
+		for _, cand := range etcd.LeaderCandidates(members, m.ID) {
+			if cand.ID == id {
+				t.Fatalf("%s offered as leader candidate", cand)
+			}
+		}
+	}
+}
+
+func TestAlarmReported(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	tc := newTestCluster(t, "87.0", 2)
+	// A member whose backend quota is already exceeded raises NOSPACE on the next write
+	// it receives, as a member whose disk fills up does.
+	full := tc.start("node-c", func(cfg *member.Config) { cfg.QuotaBackendBytes = 1 })
+	if _, err := tc.raw(full.ClientURL()).Put(ctx, "key", strings.Repeat("x", 1024)); err == nil {
+		t.Fatal("write over quota accepted")
+	}
+	c := tc.client()
+	members := mustMembers(t, ctx, c, tc.nodes)
+	got := named(t, members, "node-c")
+	if got.Healthy || len(got.Alarms) != 1 || got.Alarms[0] != "NOSPACE" {
+		t.Fatalf("member over quota: healthy %v alarms %v", got.Healthy, got.Alarms)
+	}
+	for _, m := range members {
+		if m.Name != "node-c" && len(m.Alarms) != 0 {
+			t.Errorf("alarm attributed to %s: %v", m, m.Alarms)
+		}
+	}
+	checkNeverCandidate(t, members, got.ID)
+}

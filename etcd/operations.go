@@ -1,0 +1,181 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+)
+
+// Refusals; errors.Is finds them inside a *MemberError.
+var (
+	ErrMemberNotFound = errors.New("no such member in the cluster")
+	ErrNotVoting      = errors.New("member is a learner or has not started; it cannot lead")
+	ErrUnhealthy      = errors.New("member is not healthy")
+	ErrNoLeader       = errors.New("the cluster has no leader")
+	ErrLastMember     = errors.New("refusing to remove the last member of the cluster")
+	ErrIsLeader       = errors.New("member is the leader; move leadership away first")
+	ErrNoOtherMember  = errors.New("no healthy voting member other than this one to act through")
+)
+
+// MoveLeader makes member to the leader, if it is not already. The request goes to the
+// current leader (etcd refuses it elsewhere); the target must be a healthy voting member.
+// It returns once the target reports itself leader.
+func (c *Client) MoveLeader(ctx context.Context, nodes []Node, to uint64) error {
+	var err error
+	for attempt := 0; attempt < c.cfg.Attempts; attempt++ {
+		if attempt > 0 {
+			if werr := sleep(ctx, c.cfg.Backoff<<(attempt-1)); werr != nil {
+				return errors.Join(werr, err)
+			}
+		}
+		var again bool
+		again, err = c.moveLeaderOnce(ctx, nodes, to)
+		if err == nil || !again {
+			return err
+		}
+	}
+	return err
+}
+
+// moveLeaderOnce resolves the leader afresh and asks it to step aside; again reports that
+// leadership changed underneath and a new attempt may succeed.
+func (c *Client) moveLeaderOnce(ctx context.Context, nodes []Node, to uint64) (again bool, err error) {
+	members, _, err := c.members(ctx, nodes)
+	if err != nil {
+		return false, err
+	}
+	target, ok := MemberByID(members, to)
+	switch {
+	case !ok:
+		return false, &MemberError{Op: "move leadership", ID: to, Err: ErrMemberNotFound}
+	case !target.Voting():
+		return false, &MemberError{Op: "move leadership", Member: target.Name, ID: to, Node: target.Node, Err: ErrNotVoting}
+	case !target.Healthy:
+		return false, &MemberError{Op: "move leadership", Member: target.Name, ID: to, Node: target.Node, Err: fmt.Errorf("%w: %v", ErrUnhealthy, target.Errors)}
+	}
+	leader, ok := Leader(members)
+	if !ok {
+		return true, &MemberError{Op: "move leadership", Member: target.Name, ID: to, Node: target.Node, Err: ErrNoLeader}
+	}
+	if leader.ID == to {
+		return false, nil
+	}
+	if leader.Node == "" {
+		return false, &MemberError{Op: "move leadership", Member: leader.Name, ID: leader.ID, Err: fmt.Errorf("leader cannot be reached: %v", leader.Errors)}
+	}
+	mc, err := c.conn(nodeNamed(nodes, leader.Node))
+	if err != nil {
+		return false, err
+	}
+	what := "move leadership to " + target.String()
+	err = mc.call(ctx, what, func(ctx context.Context) error {
+		_, err := mc.api.MoveLeader(ctx, to)
+		return err
+	})
+	if err != nil {
+		var me *MemberError
+		if errors.As(err, &me) {
+			me.Member, me.ID = leader.Name, leader.ID
+		}
+		// The leader changed between listing and asking (etcd: "not leader"); ask the new one.
+		return errors.Is(err, rpctypes.ErrNotLeader), err
+	}
+	return false, c.awaitLeader(ctx, nodes, target)
+}
+
+// awaitLeader confirms the transfer from the target's own point of view: etcd answers
+// MoveLeader once the old leader has stepped down, and a caller acting next must find the
+// new leader in place.
+func (c *Client) awaitLeader(ctx context.Context, nodes []Node, target Member) error {
+	mc, err := c.conn(nodeNamed(nodes, target.Node))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	defer cancel()
+	for {
+		st, err := mc.status(ctx)
+		if err == nil && st.Leader == target.ID {
+			return nil
+		}
+		if werr := sleep(ctx, 20*time.Millisecond); werr != nil {
+			if err == nil {
+				err = fmt.Errorf("leader is still %x", st.Leader)
+			}
+			return &MemberError{Op: "confirm leadership", Member: target.Name, ID: target.ID, Node: target.Node, Err: errors.Join(werr, err)}
+		}
+	}
+}
+
+// RemoveMember removes member id from the cluster. It lists the members afresh, through
+// members other than the one removed, and refuses to remove the last member, the leader
+// (move leadership first) or a member whose removal the quorum projection rejects (a
+// *QuorumError). A member that is already gone is not an error, so a rollout can resume.
+func (c *Client) RemoveMember(ctx context.Context, nodes []Node, id uint64) error {
+	members, via, err := c.members(ctx, nodes)
+	if err != nil {
+		return err
+	}
+	target, ok := MemberByID(members, id)
+	if !ok {
+		return nil
+	}
+	describe := func(err error) error {
+		return &MemberError{Op: "remove member", Member: target.Name, ID: id, Node: target.Node, Err: err}
+	}
+	if len(members) == 1 {
+		return describe(ErrLastMember)
+	}
+	if p := Project(members, Remove, id); !p.Safe {
+		return describe(&QuorumError{Projection: p})
+	}
+	if target.Leader {
+		return describe(ErrIsLeader)
+	}
+	// The member that listed may be the one removed; go through a healthy voter instead.
+	if via.node.Name == target.Node {
+		via = nil
+		for _, m := range members {
+			if m.ID != id && m.Voting() && m.Healthy && m.Node != "" {
+				if via, err = c.conn(nodeNamed(nodes, m.Node)); err == nil {
+					break
+				}
+			}
+		}
+		if via == nil {
+			return describe(ErrNoOtherMember)
+		}
+	}
+	return via.call(ctx, "remove member "+target.String(), func(ctx context.Context) error {
+		_, err := via.api.MemberRemove(ctx, id)
+		if errors.Is(err, rpctypes.ErrMemberNotFound) {
+			// An earlier attempt got through before its answer was lost, or someone else
+			// removed it meanwhile: either way it is gone.
+			return nil
+		}
+		return err
+	})
+}
+
+func nodeNamed(nodes []Node, name string) Node {
+	for _, n := range nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return Node{Name: name}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
