@@ -1,0 +1,424 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg/desiredstate"
+	kcpadmission "sigs.k8s.io/cluster-api/controlplane/kubeadm/webhooks/admission"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/secret"
+	"sigs.k8s.io/cluster-api/util/test/builder"
+)
+
+const (
+	// KCPControllerNamespace and KCPControllerDeployment are where clusterctl
+	// installs the kubeadm control plane provider; the tool reads the image of
+	// that Deployment to learn which KCP version runs.
+	KCPControllerNamespace  = "capi-kubeadm-control-plane-system"
+	KCPControllerDeployment = "capi-kubeadm-control-plane-controller-manager"
+	// KCPControllerImage is the image of the KCP controller that runs in-process.
+	KCPControllerImage = "registry.k8s.io/cluster-api/kubeadm-control-plane-controller:v1.14.2"
+
+	coreControllerNamespace  = "capi-system"
+	coreControllerDeployment = "capi-controller-manager"
+	coreControllerImage      = "registry.k8s.io/cluster-api/cluster-api-controller:v1.14.2"
+
+	// kcpFieldManager is the field owner KCP creates machines with; the initial
+	// machines use it so that KCP, and the tool, see them as KCP's own.
+	kcpFieldManager = "capi-kubeadmcontrolplane"
+
+	// defaultNodeDeletionTimeoutSeconds is what the Machine webhook defaults
+	// spec.deletion.nodeDeletionTimeoutSeconds to; no webhook runs here.
+	defaultNodeDeletionTimeoutSeconds = int32(10)
+)
+
+func (s *Sim) infraTemplateName() string { return s.opts.ClusterName + "-control-plane" }
+
+// workloadEndpoint is the workload API server's host and port, the Cluster's
+// controlPlaneEndpoint.
+func (s *Sim) workloadEndpoint() (string, int32, error) {
+	u := s.workloadEnv.ControlPlane.APIServer.SecureServing
+	port, err := strconv.Atoi(u.Port)
+	if err != nil {
+		return "", 0, fmt.Errorf("workload API server port %q: %w", u.Port, err)
+	}
+	host := u.Address
+	if host == "" || net.ParseIP(host) == nil {
+		host = "127.0.0.1"
+	}
+	return host, int32(port), nil
+}
+
+// createManagementObjects creates what clusterctl and a cluster template would
+// have created: the provider Deployments, the Cluster with its KCP and machine
+// template, the certificate and kubeconfig Secrets.
+func (s *Sim) createManagementObjects(ctx context.Context) error {
+	c := s.mgmt
+	if err := ensureNamespace(ctx, c, s.opts.Namespace); err != nil {
+		return err
+	}
+	if err := s.createProviderDeployments(ctx); err != nil {
+		return err
+	}
+
+	infraCluster := &unstructured.Unstructured{}
+	infraCluster.SetGroupVersionKind(builder.InfrastructureGroupVersion.WithKind(builder.GenericInfrastructureClusterKind))
+	infraCluster.SetNamespace(s.opts.Namespace)
+	infraCluster.SetName(s.opts.ClusterName)
+	if err := c.Create(ctx, infraCluster); err != nil {
+		return fmt.Errorf("creating the infrastructure cluster: %w", err)
+	}
+	if err := unstructured.SetNestedField(infraCluster.Object, true, "status", "initialization", "provisioned"); err != nil {
+		return err
+	}
+	if err := c.Status().Update(ctx, infraCluster); err != nil {
+		return fmt.Errorf("marking the infrastructure cluster provisioned: %w", err)
+	}
+
+	template := &unstructured.Unstructured{}
+	template.SetGroupVersionKind(builder.InfrastructureGroupVersion.WithKind(builder.GenericInfrastructureMachineTemplateKind))
+	template.SetNamespace(s.opts.Namespace)
+	template.SetName(s.infraTemplateName())
+	if err := unstructured.SetNestedMap(template.Object, map[string]any{"spec": map[string]any{}}, "spec", "template"); err != nil {
+		return err
+	}
+	if err := c.Create(ctx, template); err != nil {
+		return fmt.Errorf("creating the infrastructure machine template: %w", err)
+	}
+
+	host, port, err := s.workloadEndpoint()
+	if err != nil {
+		return err
+	}
+	cluster := &clusterv1.Cluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: s.opts.ClusterName},
+		Spec: clusterv1.ClusterSpec{
+			ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: host, Port: port},
+			ControlPlaneRef: clusterv1.ContractVersionedObjectReference{
+				APIGroup: controlplanev1.GroupVersion.Group,
+				Kind:     "KubeadmControlPlane",
+				Name:     s.kcpName(),
+			},
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+				APIGroup: builder.InfrastructureGroupVersion.Group,
+				Kind:     builder.GenericInfrastructureClusterKind,
+				Name:     s.opts.ClusterName,
+			},
+		},
+	}
+	if err := c.Create(ctx, cluster); err != nil {
+		return fmt.Errorf("creating the Cluster: %w", err)
+	}
+
+	kcp := s.desiredKCP()
+	if err := c.Create(ctx, kcp); err != nil {
+		return fmt.Errorf("creating the KubeadmControlPlane: %w", err)
+	}
+
+	// KCP generates the cluster certificates on its first reconcile and owns
+	// them; doing it here with the same code lets the initial machines and
+	// etcd members exist before KCP runs (and when it does not run at all).
+	owner := *metav1.NewControllerRef(kcp, controlplanev1.GroupVersion.WithKind("KubeadmControlPlane"))
+	certificates := secret.NewCertificatesForInitialControlPlane(&kcp.Spec.KubeadmConfigSpec.ClusterConfiguration)
+	if err := certificates.Generate(); err != nil {
+		return fmt.Errorf("generating cluster certificates: %w", err)
+	}
+	if err := certificates.SaveGenerated(ctx, c, s.ClusterKey(), owner); err != nil {
+		return fmt.Errorf("saving cluster certificates: %w", err)
+	}
+
+	// The kubeconfig Secret is a user-provided one (type Opaque), so KCP
+	// neither adopts nor rotates it: its credentials are envtest's admin user
+	// for the workload API server, not certificates from <cluster>-ca.
+	kubeconfig := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: s.opts.Namespace,
+			Name:      secret.Name(s.opts.ClusterName, secret.Kubeconfig),
+			Labels:    map[string]string{clusterv1.ClusterNameLabel: s.opts.ClusterName},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: clusterv1.GroupVersion.String(),
+				Kind:       "Cluster",
+				Name:       cluster.Name,
+				UID:        cluster.UID,
+			}},
+		},
+		Type: corev1.SecretTypeOpaque,
+		Data: map[string][]byte{secret.KubeconfigDataName: s.workloadEnv.KubeConfig},
+	}
+	if err := c.Create(ctx, kubeconfig); err != nil {
+		return fmt.Errorf("creating the kubeconfig Secret: %w", err)
+	}
+	return nil
+}
+
+// desiredKCP is the KubeadmControlPlane as a user would write it, with the
+// defaults its webhook would add (no webhooks run in the simulator).
+func (s *Sim) desiredKCP() *controlplanev1.KubeadmControlPlane {
+	kcp := &controlplanev1.KubeadmControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: s.kcpName()},
+		Spec: controlplanev1.KubeadmControlPlaneSpec{
+			Replicas: ptr.To(s.opts.Replicas),
+			Version:  s.opts.Version,
+			MachineTemplate: controlplanev1.KubeadmControlPlaneMachineTemplate{
+				Spec: controlplanev1.KubeadmControlPlaneMachineTemplateSpec{
+					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+						APIGroup: builder.InfrastructureGroupVersion.Group,
+						Kind:     builder.GenericInfrastructureMachineTemplateKind,
+						Name:     s.infraTemplateName(),
+					},
+					// KCP copies this onto every Machine it creates; setting it here
+					// stands in for the Machine webhook's default on those machines.
+					Deletion: controlplanev1.KubeadmControlPlaneMachineTemplateDeletionSpec{
+						NodeDeletionTimeoutSeconds: ptr.To(defaultNodeDeletionTimeoutSeconds),
+					},
+				},
+			},
+			KubeadmConfigSpec: bootstrapv1.KubeadmConfigSpec{
+				ClusterConfiguration: bootstrapv1.ClusterConfiguration{
+					CertificatesDir: "/etc/kubernetes/pki",
+				},
+			},
+		},
+	}
+	_ = (&kcpadmission.KubeadmControlPlane{}).Default(context.Background(), kcp)
+	return kcp
+}
+
+// ValidateKCP runs the KubeadmControlPlane webhook's validation, which no
+// webhook server enforces in the simulator: tests call it on what they write.
+func ValidateKCP(ctx context.Context, oldKCP, newKCP *controlplanev1.KubeadmControlPlane) error {
+	v := &kcpadmission.KubeadmControlPlane{}
+	var err error
+	if oldKCP == nil {
+		_, err = v.ValidateCreate(ctx, newKCP)
+	} else {
+		_, err = v.ValidateUpdate(ctx, oldKCP, newKCP)
+	}
+	return err
+}
+
+// createProviderDeployments creates the Deployments clusterctl would install
+// for the controllers that run in-process. Nothing runs their pods (the
+// management cluster has no nodes); their status says they are available when
+// the controller runs.
+func (s *Sim) createProviderDeployments(ctx context.Context) error {
+	kcpReplicas := int32(1)
+	if s.opts.WithoutKCP {
+		kcpReplicas = 0
+	}
+	for _, d := range []struct {
+		namespace, name, provider, image string
+		replicas                         int32
+	}{
+		{coreControllerNamespace, coreControllerDeployment, "cluster-api", coreControllerImage, 1},
+		{KCPControllerNamespace, KCPControllerDeployment, "control-plane-kubeadm", KCPControllerImage, kcpReplicas},
+	} {
+		if err := ensureNamespace(ctx, s.mgmt, d.namespace); err != nil {
+			return err
+		}
+		labels := map[string]string{
+			"cluster.x-k8s.io/provider": d.provider,
+			"control-plane":             "controller-manager",
+		}
+		dep := &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Namespace: d.namespace, Name: d.name, Labels: labels},
+			Spec: appsv1.DeploymentSpec{
+				Replicas: ptr.To(d.replicas),
+				Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: labels},
+					Spec: corev1.PodSpec{Containers: []corev1.Container{{
+						Name:    "manager",
+						Image:   d.image,
+						Command: []string{"/manager"},
+					}}},
+				},
+			},
+		}
+		if err := s.mgmt.Create(ctx, dep); err != nil {
+			return fmt.Errorf("creating Deployment %s/%s: %w", d.namespace, d.name, err)
+		}
+		dep.Status = appsv1.DeploymentStatus{
+			ObservedGeneration: dep.Generation,
+			Replicas:           d.replicas,
+			UpdatedReplicas:    d.replicas,
+			ReadyReplicas:      d.replicas,
+			AvailableReplicas:  d.replicas,
+		}
+		if err := s.mgmt.Status().Update(ctx, dep); err != nil {
+			return fmt.Errorf("setting status of Deployment %s/%s: %w", d.namespace, d.name, err)
+		}
+	}
+	return nil
+}
+
+// createWorkloadObjects creates what kubeadm init leaves in the workload
+// cluster and KCP reads or updates during a rollout.
+func (s *Sim) createWorkloadObjects(ctx context.Context) error {
+	host, port, err := s.workloadEndpoint()
+	if err != nil {
+		return err
+	}
+	clusterConfig := map[string]any{
+		"apiVersion":           "kubeadm.k8s.io/v1beta4",
+		"kind":                 "ClusterConfiguration",
+		"kubernetesVersion":    s.opts.Version,
+		"controlPlaneEndpoint": net.JoinHostPort(host, strconv.Itoa(int(port))),
+		"certificatesDir":      "/etc/kubernetes/pki",
+		"etcd":                 map[string]any{"local": map[string]any{"dataDir": "/var/lib/etcd"}},
+	}
+	data, err := yaml.Marshal(clusterConfig)
+	if err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceSystem, Name: "kubeadm-config"},
+		Data:       map[string]string{"ClusterConfiguration": string(data)},
+	}
+	if err := s.workload.Create(ctx, cm); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating kube-system/kubeadm-config: %w", err)
+	}
+	return nil
+}
+
+// markClusterInitialized does what the Cluster controller (not run here) would
+// do once the infrastructure and the first control-plane machine are up. The
+// Machine controller only sets nodeRefs for an initialized Cluster, and the
+// ClusterCache connects only then; the kubeconfig Secret already exists, so
+// the first connection succeeds rather than waiting 30 s for a retry.
+func (s *Sim) markClusterInitialized(ctx context.Context) error {
+	cluster := &clusterv1.Cluster{}
+	if err := s.mgmt.Get(ctx, s.ClusterKey(), cluster); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(cluster.DeepCopy())
+	cluster.Status.Initialization.InfrastructureProvisioned = ptr.To(true)
+	cluster.Status.Initialization.ControlPlaneInitialized = ptr.To(true)
+	conditions.Set(cluster, metav1.Condition{
+		Type:   clusterv1.ClusterControlPlaneInitializedCondition,
+		Status: metav1.ConditionTrue,
+		Reason: clusterv1.ClusterControlPlaneInitializedReason,
+	})
+	if err := s.mgmt.Status().Patch(ctx, cluster, patch); err != nil {
+		return fmt.Errorf("marking the Cluster initialized: %w", err)
+	}
+	return nil
+}
+
+// createInitialMachines creates the KCP's replicas exactly as KCP's
+// cloneConfigsAndGenerateMachine does — desired InfraMachine, KubeadmConfig
+// (init for the first, join for the rest) and Machine from KCP's own
+// desiredstate package, applied with KCP's field owner — but all at once:
+// KCP would add them one by one, each waiting for the previous one to be
+// healthy, which makes start-up several times slower without testing
+// anything the tool does.
+func (s *Sim) createInitialMachines(ctx context.Context) error {
+	cluster := &clusterv1.Cluster{}
+	if err := s.mgmt.Get(ctx, s.ClusterKey(), cluster); err != nil {
+		return err
+	}
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	if err := s.mgmt.Get(ctx, s.KCPKey(), kcp); err != nil {
+		return err
+	}
+	for i := int32(0); i < s.opts.Replicas; i++ {
+		if _, err := CreateMachineAsKCP(ctx, s.mgmt, cluster, kcp, i > 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CreateMachineAsKCP creates one control-plane Machine with its InfraMachine
+// and KubeadmConfig the way KCP does, and returns the Machine. isJoin selects a
+// join KubeadmConfig rather than the init one of a cluster's first machine.
+func CreateMachineAsKCP(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, isJoin bool) (*clusterv1.Machine, error) {
+	machine, err := desiredstate.ComputeDesiredMachine(kcp, cluster, "", nil)
+	if err != nil {
+		return nil, err
+	}
+	infraMachine, err := desiredstate.ComputeDesiredInfraMachine(ctx, c, kcp, cluster, machine.Name, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := apply(ctx, c, infraMachine); err != nil {
+		return nil, fmt.Errorf("creating InfraMachine %s: %w", machine.Name, err)
+	}
+	machine.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
+		APIGroup: infraMachine.GroupVersionKind().Group,
+		Kind:     infraMachine.GetKind(),
+		Name:     infraMachine.GetName(),
+	}
+	config, err := desiredstate.ComputeDesiredKubeadmConfig(kcp, cluster, isJoin, machine.Name, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := apply(ctx, c, config); err != nil {
+		_ = c.Delete(ctx, infraMachine)
+		return nil, fmt.Errorf("creating KubeadmConfig %s: %w", machine.Name, err)
+	}
+	machine.Spec.Bootstrap.ConfigRef = clusterv1.ContractVersionedObjectReference{
+		APIGroup: bootstrapv1.GroupVersion.Group,
+		Kind:     "KubeadmConfig",
+		Name:     config.Name,
+	}
+	if err := apply(ctx, c, machine); err != nil {
+		_ = c.Delete(ctx, infraMachine)
+		_ = c.Delete(ctx, config)
+		return nil, fmt.Errorf("creating Machine %s: %w", machine.Name, err)
+	}
+	return machine, nil
+}
+
+// apply server-side applies obj as KCP's field manager, as KCP's ssa.Patch
+// does, and updates obj from the response.
+func apply(ctx context.Context, c client.Client, obj client.Object) error {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		gvk, err := c.GroupVersionKindFor(obj)
+		if err != nil {
+			return err
+		}
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+		if err != nil {
+			return err
+		}
+		u = &unstructured.Unstructured{Object: m}
+		u.SetGroupVersionKind(gvk)
+	}
+	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+	unstructured.RemoveNestedField(u.Object, "status")
+	if err := c.Patch(ctx, u, client.Apply, client.FieldOwner(kcpFieldManager), client.ForceOwnership); err != nil { //nolint:staticcheck // KCP applies unstructured objects the same way.
+		return err
+	}
+	if u != obj {
+		return runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj)
+	}
+	return nil
+}
+
+func ensureNamespace(ctx context.Context, c client.Client, name string) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating namespace %s: %w", name, err)
+	}
+	return nil
+}
+
+var infraMachineGVK = builder.InfrastructureGroupVersion.WithKind(builder.GenericInfrastructureMachineKind)

@@ -1,0 +1,332 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/test/builder"
+
+	"github.com/cp-rollout/cp-rollout/pkg/sim/crds"
+)
+
+// Options configure a simulator. The zero value of every field means its default.
+type Options struct {
+	// ClusterName is the Cluster's name; the KCP is <ClusterName>-control-plane. Default "demo".
+	ClusterName string
+	// Namespace holds the Cluster and its objects; created when missing. Default "default".
+	Namespace string
+	// Replicas is the number of control-plane machines. Default 3.
+	Replicas int32
+	// Version is the Kubernetes version of the KCP and its machines. Default "v1.35.2".
+	Version string
+
+	// ProvisionDelay is how long the simulated infrastructure takes from an
+	// InfraMachine getting a capacity slot to it being provisioned.
+	ProvisionDelay time.Duration
+	// DeleteDelay is how long a deleted InfraMachine takes to go away.
+	DeleteDelay time.Duration
+	// Capacity limits how many machines exist at once (the bare-metal case:
+	// a surge machine waits for a host). 0 means unlimited.
+	Capacity int
+
+	// WithoutKCP leaves the KubeadmControlPlane controller out: nothing serves
+	// the kcp-cleanup pre-terminate hook or reconciles the KCP.
+	WithoutKCP bool
+
+	// AddressPrefix is the first three octets of the nodes' loopback
+	// addresses (<prefix>.2, <prefix>.3, ...). Default "127.0.0". Simulators
+	// running at the same time need different prefixes: members use the
+	// kubeadm ports.
+	AddressPrefix string
+
+	// AssetsDir holds kube-apiserver and etcd; default AssetsDir().
+	AssetsDir string
+	// Log receives the controllers' logs; default discards them.
+	Log logr.Logger
+}
+
+func (o *Options) defaults() error {
+	if o.ClusterName == "" {
+		o.ClusterName = "demo"
+	}
+	if o.Namespace == "" {
+		o.Namespace = "default"
+	}
+	if o.Replicas == 0 {
+		o.Replicas = 3
+	}
+	if o.Version == "" {
+		o.Version = "v1.35.2"
+	}
+	if o.AddressPrefix == "" {
+		o.AddressPrefix = "127.0.0"
+	}
+	if o.Log.GetSink() == nil {
+		o.Log = logr.Discard()
+	}
+	switch {
+	case o.Replicas < 0:
+		return fmt.Errorf("replicas must be positive, got %d", o.Replicas)
+	case o.Capacity < 0:
+		return fmt.Errorf("capacity must be 0 (unlimited) or positive, got %d", o.Capacity)
+	case o.Capacity > 0 && o.Capacity < int(o.Replicas):
+		return fmt.Errorf("capacity %d cannot hold %d replicas", o.Capacity, o.Replicas)
+	case o.ProvisionDelay < 0 || o.DeleteDelay < 0:
+		return errors.New("delays must not be negative")
+	}
+	if o.AssetsDir == "" {
+		dir, err := AssetsDir()
+		if err != nil {
+			return err
+		}
+		o.AssetsDir = dir
+	}
+	return nil
+}
+
+// Sim is a running simulator: a management and a workload cluster (each a real
+// kube-apiserver and etcd), the real Machine and KCP controllers, and the
+// simulated infrastructure + bootstrap provider. Stop releases everything.
+type Sim struct {
+	opts Options
+
+	mgmtEnv     *envtest.Environment
+	workloadEnv *envtest.Environment
+
+	mgmtConfig     *rest.Config
+	workloadConfig *rest.Config
+	mgmt           client.Client
+	workload       client.Client
+
+	provider *provider
+
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	errMu    sync.Mutex
+	errs     []error
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Scheme is the management cluster's scheme: client-go's types and the
+// Cluster API v1beta2 core, kubeadm control plane and bootstrap types.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		clientgoscheme.AddToScheme,
+		apiextensionsv1.AddToScheme,
+		clusterv1.AddToScheme,
+		controlplanev1.AddToScheme,
+		bootstrapv1.AddToScheme,
+	} {
+		if err := add(s); err != nil {
+			panic(err)
+		}
+	}
+	return s
+}
+
+// Start starts a simulator and returns once the Cluster, its KCP and the
+// initial control-plane Machines exist and the controllers run. It does not
+// wait for the machines: call WaitReady for that. ctx bounds start-up only;
+// the simulator runs until Stop.
+func Start(ctx context.Context, opts Options) (_ *Sim, err error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	s := &Sim{opts: opts}
+	defer func() {
+		if err != nil {
+			_ = s.Stop()
+		}
+	}()
+
+	if err := s.startClusters(ctx); err != nil {
+		return nil, err
+	}
+
+	runCtx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+
+	if err := s.createManagementObjects(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.createWorkloadObjects(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.startControllers(ctx, runCtx); err != nil {
+		return nil, err
+	}
+	if err := s.markClusterInitialized(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.createInitialMachines(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// startClusters starts the management and workload API servers in parallel:
+// each takes a few seconds, most of it the API server's own start-up.
+func (s *Sim) startClusters(ctx context.Context) error {
+	crdList, err := crds.ClusterAPI()
+	if err != nil {
+		return err
+	}
+	crdList = append(crdList,
+		builder.GenericInfrastructureClusterCRD.DeepCopy(),
+		builder.GenericInfrastructureMachineCRD.DeepCopy(),
+		builder.GenericInfrastructureMachineTemplateCRD.DeepCopy(),
+	)
+	s.mgmtEnv = &envtest.Environment{
+		BinaryAssetsDirectory: s.opts.AssetsDir,
+		Scheme:                Scheme(),
+		CRDs:                  crdList,
+		ErrorIfCRDPathMissing: true,
+	}
+	s.workloadEnv = &envtest.Environment{BinaryAssetsDirectory: s.opts.AssetsDir}
+	// envtest reads KUBEBUILDER_ASSETS before BinaryAssetsDirectory; both
+	// point at the same binaries when set, and AssetsDir already checked them.
+
+	var wg sync.WaitGroup
+	var mgmtErr, workloadErr error
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		s.mgmtConfig, mgmtErr = s.mgmtEnv.Start()
+	}()
+	go func() {
+		defer wg.Done()
+		s.workloadConfig, workloadErr = s.workloadEnv.Start()
+	}()
+	wg.Wait()
+	if mgmtErr != nil {
+		s.mgmtEnv = nil
+		return fmt.Errorf("starting the management cluster: %w", mgmtErr)
+	}
+	if workloadErr != nil {
+		s.workloadEnv = nil
+		return fmt.Errorf("starting the workload cluster: %w", workloadErr)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mgmt, err = client.New(s.mgmtConfig, client.Options{Scheme: Scheme()})
+	if err != nil {
+		return err
+	}
+	s.workload, err = client.New(s.workloadConfig, client.Options{Scheme: clientgoscheme.Scheme})
+	return err
+}
+
+// goRun runs fn until the simulator stops, recording a failure other than
+// the cancellation Stop causes.
+func (s *Sim) goRun(name string, fn func() error) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := fn(); err != nil && !errors.Is(err, context.Canceled) {
+			s.errMu.Lock()
+			s.errs = append(s.errs, fmt.Errorf("%s: %w", name, err))
+			s.errMu.Unlock()
+			s.opts.Log.Error(err, "simulator component stopped", "component", name)
+		}
+	}()
+}
+
+// Stop stops the controllers, every simulated node (etcd member, kubelet
+// stand-in) and both clusters, and removes their temporary directories. It
+// is safe to call more than once.
+func (s *Sim) Stop() error {
+	s.stopOnce.Do(func() {
+		var errs []error
+		if s.cancel != nil {
+			s.cancel()
+		}
+		s.wg.Wait()
+		if s.provider != nil {
+			s.provider.stopAll()
+		}
+		for _, env := range []*envtest.Environment{s.mgmtEnv, s.workloadEnv} {
+			if env == nil {
+				continue
+			}
+			if err := env.Stop(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		s.errMu.Lock()
+		errs = append(errs, s.errs...)
+		s.errMu.Unlock()
+		s.stopErr = errors.Join(errs...)
+	})
+	return s.stopErr
+}
+
+// Options returns the options the simulator runs with, defaults applied.
+func (s *Sim) Options() Options { return s.opts }
+
+// ClusterKey is the namespace and name of the simulated Cluster.
+func (s *Sim) ClusterKey() client.ObjectKey {
+	return client.ObjectKey{Namespace: s.opts.Namespace, Name: s.opts.ClusterName}
+}
+
+// KCPKey is the namespace and name of the Cluster's KubeadmControlPlane.
+func (s *Sim) KCPKey() client.ObjectKey {
+	return client.ObjectKey{Namespace: s.opts.Namespace, Name: s.kcpName()}
+}
+
+func (s *Sim) kcpName() string { return s.opts.ClusterName + "-control-plane" }
+
+// ManagementConfig is an admin rest.Config for the management cluster.
+func (s *Sim) ManagementConfig() *rest.Config { return rest.CopyConfig(s.mgmtConfig) }
+
+// WorkloadConfig is an admin rest.Config for the workload cluster.
+func (s *Sim) WorkloadConfig() *rest.Config { return rest.CopyConfig(s.workloadConfig) }
+
+// ManagementClient is an uncached admin client for the management cluster.
+func (s *Sim) ManagementClient() client.Client { return s.mgmt }
+
+// WorkloadClient is an uncached admin client for the workload cluster.
+func (s *Sim) WorkloadClient() client.Client { return s.workload }
+
+// ManagementKubeconfig is a kubeconfig for the management cluster with
+// embedded admin credentials and a current context whose namespace is the
+// Cluster's, so kubectl and the plugin find the Cluster without flags.
+func (s *Sim) ManagementKubeconfig() ([]byte, error) {
+	cfg, err := clientcmd.Load(s.mgmtEnv.KubeConfig)
+	if err != nil {
+		return nil, err
+	}
+	const name = "cp-rollout-sim"
+	if len(cfg.Contexts) == 0 {
+		return nil, errors.New("envtest kubeconfig has no context")
+	}
+	ctx := cfg.Contexts[cfg.CurrentContext]
+	if ctx == nil {
+		return nil, errors.New("envtest kubeconfig has no current context")
+	}
+	renamed := ctx.DeepCopy()
+	renamed.Namespace = s.opts.Namespace
+	cfg.Contexts = map[string]*clientcmdapi.Context{name: renamed}
+	cfg.CurrentContext = name
+	return clientcmd.Write(*cfg)
+}
+
+func (o Options) addressPrefix() string { return o.AddressPrefix }
