@@ -2,8 +2,10 @@ package etcd
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 )
 
@@ -106,7 +109,11 @@ type memberConn struct {
 	target   string
 	endpoint string
 	api      api
+	grpc     *grpc.ClientConn
 	cfg      *Config
+
+	mu      sync.Mutex
+	lastErr error
 }
 
 // conn returns the cached connection to node's member, creating it if needed.
@@ -118,51 +125,157 @@ func (c *Client) conn(node Node) (*memberConn, error) {
 	if mc, ok := c.conns[key]; ok {
 		return mc, nil
 	}
-	dialer := c.cfg.Dialer
-	dialTimeout := c.cfg.DialTimeout
 	// The endpoint only gives gRPC a name: the dialer decides where connections go, and
 	// the server certificate is checked against the CA, not against this name.
-	endpoint := "https://etcd-" + node.Name + ".invalid:2379"
+	mc := &memberConn{node: node, target: target, endpoint: "https://etcd-" + node.Name + ".invalid:2379", cfg: &c.cfg}
+	tlsConfig := c.cfg.Credentials.TLSConfig()
+	verify := tlsConfig.VerifyConnection
+	tlsConfig.VerifyConnection = func(cs tls.ConnectionState) error {
+		return mc.remember(verify(cs))
+	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: []string{endpoint},
-		TLS:       c.cfg.Credentials.TLSConfig(),
+		Endpoints: []string{mc.endpoint},
+		TLS:       tlsConfig,
 		Logger:    c.cfg.Logger.With(zap.String("node", node.Name)),
 		DialOptions: []grpc.DialOption{
 			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-				ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+				ctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 				defer cancel()
-				return dialer.DialContext(ctx, node)
+				conn, err := c.cfg.Dialer.DialContext(ctx, node)
+				if err != nil {
+					return nil, mc.remember(err)
+				}
+				return &observedConn{Conn: conn, mc: mc}, nil
 			}),
 		},
 	})
 	if err != nil {
 		return nil, &MemberError{Node: node.Name, Target: target, Op: "connect", Err: err}
 	}
-	mc := &memberConn{node: node, target: target, endpoint: endpoint, api: cli, cfg: &c.cfg}
+	mc.api, mc.grpc = cli, cli.ActiveConnection()
 	c.conns[key] = mc
 	return mc, nil
+}
+
+// remember keeps the last dial or handshake failure: gRPC retries connections in the
+// background and would otherwise only say that the deadline passed.
+func (mc *memberConn) remember(err error) error {
+	if err != nil {
+		mc.mu.Lock()
+		mc.lastErr = err
+		mc.mu.Unlock()
+	}
+	return err
+}
+
+// observedConn remembers why a connection broke, such as a port-forward the kubelet
+// could not complete, which gRPC would only log.
+type observedConn struct {
+	net.Conn
+	mc *memberConn
+}
+
+func (c *observedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.observe(err)
+	return n, err
+}
+
+func (c *observedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.observe(err)
+	return n, err
+}
+
+func (c *observedConn) observe(err error) {
+	var netErr net.Error
+	switch {
+	case err == nil, errors.Is(err, net.ErrClosed), errors.As(err, &netErr) && netErr.Timeout():
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrClosedPipe):
+		c.mc.rememberFirst(errors.New("connection closed by the other end"))
+	default:
+		c.mc.remember(err)
+	}
+}
+
+// rememberFirst keeps err unless a more telling failure is already known.
+func (mc *memberConn) rememberFirst(err error) {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	if mc.lastErr == nil {
+		mc.lastErr = err
+	}
+}
+
+// ready waits, at most the dial timeout, for a working connection. etcd's client waits
+// for one until the call's deadline, which would spend a whole call timeout on a member
+// that is down; this fails as soon as gRPC gives up on the connection attempt.
+func (mc *memberConn) ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, mc.cfg.DialTimeout)
+	defer cancel()
+	mc.grpc.Connect()
+	for {
+		state := mc.grpc.GetState()
+		switch state {
+		case connectivity.Ready:
+			mc.mu.Lock()
+			mc.lastErr = nil
+			mc.mu.Unlock()
+			return nil
+		case connectivity.TransientFailure, connectivity.Shutdown:
+			mc.mu.Lock()
+			err := mc.lastErr
+			mc.mu.Unlock()
+			if err == nil {
+				err = errors.New("connection failed")
+			}
+			return &unreachableError{fmt.Errorf("unreachable: %w", err)}
+		}
+		if !mc.grpc.WaitForStateChange(ctx, state) {
+			mc.mu.Lock()
+			err := mc.lastErr
+			mc.mu.Unlock()
+			if err == nil {
+				err = context.Cause(ctx)
+			}
+			return &unreachableError{fmt.Errorf("not reachable within %s: %w", mc.cfg.DialTimeout, err)}
+		}
+	}
+}
+
+// attempt makes one bounded call once the member is reachable.
+func (mc *memberConn) attempt(ctx context.Context, op func(ctx context.Context) error) error {
+	if err := mc.ready(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, mc.cfg.CallTimeout)
+	defer cancel()
+	return op(ctx)
+}
+
+func (mc *memberConn) fail(what string, err error) error {
+	return &MemberError{Node: mc.node.Name, Target: mc.target, Op: what, Err: err}
 }
 
 // call runs op with the call timeout, retrying transient failures with backoff.
 func (mc *memberConn) call(ctx context.Context, what string, op func(ctx context.Context) error) error {
 	return retry(ctx, mc.cfg, func(ctx context.Context) error {
-		callCtx, cancel := context.WithTimeout(ctx, mc.cfg.CallTimeout)
-		defer cancel()
-		return op(callCtx)
-	}, func(err error) error {
-		return &MemberError{Node: mc.node.Name, Target: mc.target, Op: what, Err: err}
-	})
+		return mc.attempt(ctx, op)
+	}, func(err error) error { return mc.fail(what, err) })
 }
 
-// status asks the member for its own state. A probe is not retried: a member that does not
-// answer within the dial timeout is reported unhealthy, and a stopped member must not stall
-// every listing by a whole round of retries.
+// status asks the member for its own state, once: a member that does not answer is
+// reported unhealthy, and a stopped member must not stall every listing by a round of
+// retries.
 func (mc *memberConn) status(ctx context.Context) (*clientv3.StatusResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, min(mc.cfg.DialTimeout, mc.cfg.CallTimeout))
-	defer cancel()
-	resp, err := mc.api.Status(ctx, mc.endpoint)
+	var resp *clientv3.StatusResponse
+	err := mc.attempt(ctx, func(ctx context.Context) error {
+		var err error
+		resp, err = mc.api.Status(ctx, mc.endpoint)
+		return err
+	})
 	if err != nil {
-		return nil, &MemberError{Node: mc.node.Name, Target: mc.target, Op: "status", Err: err}
+		return nil, mc.fail("status", err)
 	}
 	return resp, nil
 }
@@ -201,6 +314,11 @@ func transient(ctx context.Context, err error) bool {
 	if untrusted(err) {
 		return false
 	}
+	var unreachable *unreachableError
+	var round *roundError
+	if errors.As(err, &unreachable) || errors.As(err, &round) {
+		return true
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		// Our own call timeout; the caller's context is still alive.
 		return true
@@ -227,6 +345,12 @@ func untrusted(err error) bool {
 	return strings.Contains(msg, "authentication handshake failed") ||
 		strings.Contains(msg, "certificate") && strings.Contains(msg, "x509")
 }
+
+// unreachableError is a member that could not be connected to; it may come back.
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string { return e.err.Error() }
+func (e *unreachableError) Unwrap() error { return e.err }
 
 // MemberError is an etcd failure on one member, naming it, its node and how it was reached.
 type MemberError struct {

@@ -208,9 +208,26 @@ func openForward(conn httpstream.Connection) (net.Conn, error) {
 	headers.Set(corev1.StreamType, corev1.StreamTypeData)
 	data, err := conn.CreateStream(headers)
 	if err != nil {
-		return nil, fmt.Errorf("creating data stream: %w", err)
+		return nil, fmt.Errorf("creating data stream: %w", explain(errorStream, err))
 	}
 	return newForwardConn(conn, data, errorStream), nil
+}
+
+// explain prefers the kubelet's reason, if it sends one promptly, to the bare failure.
+func explain(errorStream io.Reader, err error) error {
+	msg := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(errorStream)
+		msg <- b
+	}()
+	select {
+	case b := <-msg:
+		if len(b) > 0 {
+			return fmt.Errorf("%w: %s", err, b)
+		}
+	case <-time.After(time.Second):
+	}
+	return err
 }
 
 // forwardConn bridges a port-forward data stream to a net.Pipe, so gRPC and TLS get real
@@ -227,7 +244,9 @@ type forwardConn struct {
 func newForwardConn(tunnel httpstream.Connection, data, errs httpstream.Stream) *forwardConn {
 	local, remote := net.Pipe()
 	c := &forwardConn{Conn: local, tunnel: tunnel}
+	explained := make(chan struct{})
 	go func() {
+		defer close(explained)
 		// The kubelet explains on the error stream why a forward failed, e.g. that nothing
 		// listens on the port in the pod.
 		if msg, _ := io.ReadAll(errs); len(msg) > 0 {
@@ -238,6 +257,11 @@ func newForwardConn(tunnel httpstream.Connection, data, errs httpstream.Stream) 
 	}()
 	go func() {
 		_, _ = io.Copy(remote, data)
+		// The explanation may trail the end of the data; give it a moment to arrive.
+		select {
+		case <-explained:
+		case <-time.After(time.Second):
+		}
 		_ = remote.Close()
 	}()
 	go func() {
@@ -250,14 +274,24 @@ func newForwardConn(tunnel httpstream.Connection, data, errs httpstream.Stream) 
 // Read returns the kubelet's explanation instead of a bare EOF when the forward failed.
 func (c *forwardConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
-	if errors.Is(err, io.EOF) {
+	return n, c.explained(err)
+}
+
+// Write returns the kubelet's explanation instead of a closed pipe when the forward failed.
+func (c *forwardConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	return n, c.explained(err)
+}
+
+func (c *forwardConn) explained(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrClosedPipe) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if c.remoteErr != nil {
-			return n, c.remoteErr
+			return c.remoteErr
 		}
 	}
-	return n, err
+	return err
 }
 
 func (c *forwardConn) closeTunnel() {

@@ -67,44 +67,9 @@ func (c *Client) members(ctx context.Context, nodes []Node) ([]Member, *memberCo
 	if len(nodes) == 0 {
 		return nil, nil, errors.New("etcd: no control-plane nodes to reach members on")
 	}
-	var (
-		list   *clientv3.MemberListResponse
-		alarms *clientv3.AlarmResponse
-		via    *memberConn
-		errs   []error
-	)
-	for _, node := range nodes {
-		mc, err := c.conn(node)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		// A learner refuses MemberList ("rpc not supported for learner"); the next node
-		// will do, so no retries on this one beyond the transient ones.
-		err = mc.call(ctx, "list members", func(ctx context.Context) error {
-			var err error
-			list, err = mc.api.MemberList(ctx)
-			return err
-		})
-		if err == nil {
-			err = mc.call(ctx, "list alarms", func(ctx context.Context) error {
-				var err error
-				alarms, err = mc.api.AlarmList(ctx)
-				return err
-			})
-		}
-		if err != nil {
-			errs = append(errs, err)
-			if ctx.Err() != nil {
-				break
-			}
-			continue
-		}
-		via = mc
-		break
-	}
-	if via == nil {
-		return nil, nil, fmt.Errorf("no etcd member could list the cluster: %w", errors.Join(errs...))
+	list, alarms, via, err := c.listThroughAny(ctx, nodes)
+	if err != nil {
+		return nil, nil, err
 	}
 
 	byName := map[string]Node{}
@@ -182,6 +147,62 @@ func (c *Client) members(ctx context.Context, nodes []Node) ([]Member, *memberCo
 	})
 	return members, via, nil
 }
+
+// listThroughAny lists members and alarms through the first member that answers, trying
+// each node once per round so that a member that is down costs one dial timeout, not a
+// round of retries. A learner refuses MemberList ("rpc not supported for learner"), which
+// also just moves on to the next node.
+func (c *Client) listThroughAny(ctx context.Context, nodes []Node) (*clientv3.MemberListResponse, *clientv3.AlarmResponse, *memberConn, error) {
+	var (
+		list   *clientv3.MemberListResponse
+		alarms *clientv3.AlarmResponse
+		via    *memberConn
+	)
+	err := retry(ctx, &c.cfg, func(ctx context.Context) error {
+		var errs []error
+		again := false
+		for _, node := range nodes {
+			mc, err := c.conn(node)
+			if err == nil {
+				err = mc.attempt(ctx, func(ctx context.Context) error {
+					var err error
+					if list, err = mc.api.MemberList(ctx); err != nil {
+						return err
+					}
+					alarms, err = mc.api.AlarmList(ctx)
+					return err
+				})
+				if err == nil {
+					via = mc
+					return nil
+				}
+				again = again || transient(ctx, err)
+				err = mc.fail("list members", err)
+			}
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				break
+			}
+		}
+		err := errors.Join(errs...)
+		if again {
+			return &roundError{err}
+		}
+		return err
+	}, func(err error) error {
+		var re *roundError
+		if errors.As(err, &re) {
+			err = re.err
+		}
+		return fmt.Errorf("no etcd member could list the cluster: %w", err)
+	})
+	return list, alarms, via, err
+}
+
+// roundError marks a round over all nodes in which some node failed transiently.
+type roundError struct{ err error }
+
+func (e *roundError) Error() string { return e.err.Error() }
 
 func memberFrom(pb *etcdserverpb.Member) Member {
 	return Member{
