@@ -71,6 +71,17 @@ func TestBadInputIsUsageError(t *testing.T) {
 		{"bad shell", []string{"completion", "tcsh"}, `invalid argument "tcsh"`},
 		{"no shell", []string{"completion"}, "accepts 1 arg(s), received 0"},
 		{"flag without value", []string{"version", "--output"}, "flag needs an argument"},
+		{"upgrade without cluster", []string{"upgrade", "--version", "v1.36.3"}, "exactly one argument"},
+		{"upgrade with two clusters", []string{"upgrade", "a", "b", "--version", "v1.36.3"}, "exactly one argument"},
+		{"upgrade without version", []string{"upgrade", "demo"}, "--version is required"},
+		{"version without v", []string{"upgrade", "demo", "--version", "1.36.3"}, `must start with "v"`},
+		{"version not semver", []string{"upgrade", "demo", "--version", "v1.36"}, "not a semantic version"},
+		{"version garbage", []string{"upgrade", "demo", "--version", "vlatest"}, "not a semantic version"},
+		{"surge 2", []string{"upgrade", "demo", "--version", "v1.36.3", "--max-surge", "2"}, "--max-surge must be 0 or 1"},
+		{"surge negative", []string{"upgrade", "demo", "--version", "v1.36.3", "--max-surge", "-1"}, "--max-surge must be 0 or 1"},
+		{"negative timeout", []string{"upgrade", "demo", "--version", "v1.36.3", "--health-timeout", "-1s"}, "--health-timeout must not be negative"},
+		{"bad duration", []string{"upgrade", "demo", "--version", "v1.36.3", "--settle", "soon"}, `invalid argument "soon"`},
+		{"upgrade output yaml", []string{"upgrade", "demo", "--version", "v1.36.3", "-o", "yaml"}, "--output must be one of text, json"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -82,6 +82,7 @@ control-plane machine, never lose etcd quorum).`,
 		"Path to the configuration file (environment: "+envPrefix+"_CONFIG)")
 
 	cmd.AddCommand(
+		NewCmdUpgrade(o),
 		NewCmdVersion(streams),
 		NewCmdCompletion(streams),
 	)

@@ -1,0 +1,177 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/blang/semver/v4"
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+// RecordAnnotation holds, on a KubeadmControlPlane this tool has paused, what
+// operation paused it. Its presence is what makes the pause ours: a pause
+// without it was set by someone else and is never removed by this tool.
+const RecordAnnotation = "cp-rollout.cluster.x-k8s.io/operation"
+
+// Record describes the operation that holds a control plane paused.
+type Record struct {
+	Operation string    `json:"operation"` // upgrade, scale, replace
+	Target    string    `json:"target"`    // v1.36.3, replicas=5, machine name
+	Who       string    `json:"who"`
+	Started   time.Time `json:"started"`
+}
+
+func (r Record) String() string {
+	return fmt.Sprintf("%s to %s by %s, started %s", r.Operation, r.Target, r.Who, r.Started.UTC().Format(time.RFC3339))
+}
+
+// RecordOf returns the operation record on kcp, if any.
+func RecordOf(kcp *controlplanev1.KubeadmControlPlane) (*Record, error) {
+	raw, ok := kcp.Annotations[RecordAnnotation]
+	if !ok {
+		return nil, nil
+	}
+	r := &Record{}
+	if err := json.Unmarshal([]byte(raw), r); err != nil {
+		return nil, exitcode.Unsafef("KubeadmControlPlane %s: unreadable %s annotation: %v", kcp.Name, RecordAnnotation, err)
+	}
+	return r, nil
+}
+
+// CheckTakeover refuses a KubeadmControlPlane this tool must not pause: one
+// paused by someone else, one with a remediation in progress, and one whose
+// Cluster is managed by a ClusterClass topology (the topology controller would
+// rewrite the spec we set).
+func CheckTakeover(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane) error {
+	if cluster.Spec.Topology.IsDefined() {
+		return exitcode.Unsafef("cluster %s is managed by ClusterClass %s: change spec.topology on the Cluster instead",
+			cluster.Name, cluster.Spec.Topology.ClassRef.Name)
+	}
+	if _, ok := kcp.Annotations[clusterv1.PausedAnnotation]; ok {
+		if _, ours := kcp.Annotations[RecordAnnotation]; !ours {
+			return exitcode.Unsafef("KubeadmControlPlane %s is paused by someone else (annotation %s without a %s record): find who paused it and why",
+				kcp.Name, clusterv1.PausedAnnotation, RecordAnnotation)
+		}
+	}
+	if _, ok := kcp.Annotations[controlplanev1.RemediationInProgressAnnotation]; ok {
+		return exitcode.Unsafef("KubeadmControlPlane %s has a remediation in progress (%s): let KCP finish it first",
+			kcp.Name, controlplanev1.RemediationInProgressAnnotation)
+	}
+	return nil
+}
+
+// Pause sets the pause annotation and our operation record in one patch, then
+// waits until the KCP controller reports Paused: an annotation does not stop a
+// reconcile already running, the condition does.
+func (c *Client) Pause(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, rec Record, timeout time.Duration) error {
+	raw, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if err := c.patchAnnotations(ctx, kcp, map[string]any{
+		clusterv1.PausedAnnotation: "true",
+		RecordAnnotation:           string(raw),
+	}); err != nil {
+		return err
+	}
+	var last *metav1.Condition
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		if err := c.c.Get(ctx, client.ObjectKeyFromObject(kcp), kcp); err != nil {
+			return false, nil // transient; the timeout bounds it
+		}
+		last = conditions.Get(kcp, clusterv1.PausedCondition)
+		return conditions.IsTrue(kcp, clusterv1.PausedCondition), nil
+	})
+	if err != nil && ctx.Err() == nil {
+		seen := "no Paused condition"
+		if last != nil {
+			seen = fmt.Sprintf("Paused=%s (%s)", last.Status, last.Reason)
+		}
+		return exitcode.Timeoutf("KubeadmControlPlane %s: the KCP controller did not report Paused within %s; last seen %s (is the controller running?)",
+			kcp.Name, timeout, seen)
+	}
+	return err
+}
+
+// SetTarget patches spec.version and spec.replicas (nil leaves a field alone).
+func (c *Client) SetTarget(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32) error {
+	spec := map[string]any{}
+	if version != "" && version != kcp.Spec.Version {
+		spec["version"] = version
+	}
+	if replicas != nil && (kcp.Spec.Replicas == nil || *kcp.Spec.Replicas != *replicas) {
+		spec["replicas"] = *replicas
+	}
+	if len(spec) == 0 {
+		return nil
+	}
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": kcp.UID}, "spec": spec})
+	if err != nil {
+		return err
+	}
+	if err := c.c.Patch(ctx, kcp, client.RawPatch("application/merge-patch+json", body)); err != nil {
+		return fmt.Errorf("setting the target on KubeadmControlPlane %s: %w", kcp.Name, err)
+	}
+	return nil
+}
+
+// Resume hands the control plane back to KCP: it removes the pause and the
+// record together, and only when the record is ours.
+func (c *Client) Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error {
+	if _, ours := kcp.Annotations[RecordAnnotation]; !ours {
+		return nil
+	}
+	return c.patchAnnotations(ctx, kcp, map[string]any{clusterv1.PausedAnnotation: nil, RecordAnnotation: nil})
+}
+
+// SupportedKCPMinor is the KCP controller minor this tool computes desired
+// state with. Another minor computes it differently, and after hand-back KCP
+// would roll every machine again.
+var SupportedKCPMinor = semver.Version{Major: 1, Minor: 14}
+
+// KCPControllerVersion finds the KubeadmControlPlane controller's Deployment,
+// as clusterctl installs it, and returns its image tag.
+func (c *Client) KCPControllerVersion(ctx context.Context) (string, error) {
+	deployments := &appsv1.DeploymentList{}
+	if err := c.c.List(ctx, deployments, client.MatchingLabels{clusterv1.ProviderNameLabel: "control-plane-kubeadm"}); err != nil {
+		if apierrors.IsForbidden(err) {
+			return "", exitcode.Unsafef("cannot list Deployments to find the KCP controller's version (%v): pass --kcp-version", err)
+		}
+		return "", fmt.Errorf("finding the KCP controller: %w", err)
+	}
+	for _, d := range deployments.Items {
+		for _, ctr := range d.Spec.Template.Spec.Containers {
+			if i := strings.LastIndex(ctr.Image, ":"); i > 0 && strings.Contains(ctr.Image[:i], "kubeadm-control-plane-controller") {
+				return ctr.Image[i+1:], nil
+			}
+		}
+	}
+	return "", exitcode.Unsafef("no KubeadmControlPlane controller Deployment (label %s=control-plane-kubeadm) found: pass --kcp-version for a custom install",
+		clusterv1.ProviderNameLabel)
+}
+
+// CheckKCPVersion refuses a KCP controller of another minor than the supported one.
+func CheckKCPVersion(version string) error {
+	v, err := semver.ParseTolerant(version)
+	if err != nil {
+		return exitcode.Unsafef("KCP controller version %q is not a version: pass --kcp-version", version)
+	}
+	if v.Major != SupportedKCPMinor.Major || v.Minor != SupportedKCPMinor.Minor {
+		return exitcode.Unsafef("KCP controller is %s; this tool supports v%d.%d.x, whose desired state it reproduces (another minor would re-roll every machine after hand-back)",
+			version, SupportedKCPMinor.Major, SupportedKCPMinor.Minor)
+	}
+	return nil
+}

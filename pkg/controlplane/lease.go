@@ -1,0 +1,164 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+// LeaseDuration is how long a lock stays valid without renewal; a run renews
+// it every third of that. A crashed run's lock is free again after it.
+const LeaseDuration = 30 * time.Second
+
+// LeaseName is the Lease that serialises runs against one cluster.
+func LeaseName(cluster string) string { return "cp-rollout-" + cluster }
+
+// Lock is a held Lease. client-go's leaderelection is not used because a
+// second run must fail at once naming the holder, not queue for the lock.
+type Lock struct {
+	c      client.Client
+	lease  *coordinationv1.Lease
+	holder string
+
+	mu   sync.Mutex
+	lost error
+}
+
+// Holder describes a Lease's holder for messages.
+func Holder(l *coordinationv1.Lease) string {
+	renewed := "never renewed"
+	if l.Spec.RenewTime != nil {
+		renewed = "renewed " + time.Since(l.Spec.RenewTime.Time).Round(time.Second).String() + " ago"
+	}
+	return fmt.Sprintf("%s (%s)", ptr.Deref(l.Spec.HolderIdentity, "unknown"), renewed)
+}
+
+// Live reports whether l is held and was renewed within its duration.
+func Live(l *coordinationv1.Lease, now time.Time) bool {
+	if ptr.Deref(l.Spec.HolderIdentity, "") == "" || l.Spec.RenewTime == nil {
+		return false
+	}
+	d := time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, int32(LeaseDuration/time.Second))) * time.Second
+	return now.Before(l.Spec.RenewTime.Add(d))
+}
+
+// Acquire takes the cluster's Lease for holder, or fails with exit code 5
+// naming the live holder. An expired Lease is taken over.
+func (c *Client) Acquire(ctx context.Context, holder string) (*Lock, error) {
+	now := metav1.NowMicro()
+	want := coordinationv1.LeaseSpec{
+		HolderIdentity:       &holder,
+		LeaseDurationSeconds: ptr.To(int32(LeaseDuration / time.Second)),
+		AcquireTime:          &now,
+		RenewTime:            &now,
+	}
+	lease := &coordinationv1.Lease{}
+	err := c.c.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: LeaseName(c.Cluster)}, lease)
+	switch {
+	case apierrors.IsNotFound(err):
+		lease = &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: LeaseName(c.Cluster)},
+			Spec:       want,
+		}
+		if err := c.c.Create(ctx, lease); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				return nil, exitcode.Lockedf("cluster %s/%s is locked by another run that started just now", c.Namespace, c.Cluster)
+			}
+			return nil, fmt.Errorf("creating Lease %s: %w", LeaseName(c.Cluster), err)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("reading Lease %s: %w", LeaseName(c.Cluster), err)
+	case Live(lease, now.Time) && ptr.Deref(lease.Spec.HolderIdentity, "") != holder:
+		return nil, exitcode.Lockedf("cluster %s/%s is locked by %s: wait for that run, or if it is gone, for the lock to expire (%s)",
+			c.Namespace, c.Cluster, Holder(lease), LeaseDuration)
+	default:
+		lease.Spec = want
+		// The resourceVersion in the update makes two runs taking over one
+		// expired Lease at once fail for all but one.
+		if err := c.c.Update(ctx, lease); err != nil {
+			if apierrors.IsConflict(err) {
+				return nil, exitcode.Lockedf("cluster %s/%s was locked by another run just now", c.Namespace, c.Cluster)
+			}
+			return nil, fmt.Errorf("taking over Lease %s: %w", LeaseName(c.Cluster), err)
+		}
+	}
+	return &Lock{c: c.c, lease: lease, holder: holder}, nil
+}
+
+// Keep renews the Lease until ctx ends. If it cannot renew before the Lease
+// would expire, or someone else took it, it records the loss and calls onLost
+// so the run stops before another could start.
+func (l *Lock) Keep(ctx context.Context, onLost func(error)) {
+	ticker := time.NewTicker(LeaseDuration / 3)
+	defer ticker.Stop()
+	lastRenew := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		err := l.renew(ctx)
+		if err == nil {
+			lastRenew = time.Now()
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if apierrors.IsConflict(err) || time.Since(lastRenew) > LeaseDuration*2/3 {
+			lost := fmt.Errorf("lost the lock on %s: %w", l.lease.Name, err)
+			l.mu.Lock()
+			l.lost = lost
+			l.mu.Unlock()
+			onLost(lost)
+			return
+		}
+	}
+}
+
+func (l *Lock) renew(ctx context.Context) error {
+	fresh := &coordinationv1.Lease{}
+	if err := l.c.Get(ctx, client.ObjectKeyFromObject(l.lease), fresh); err != nil {
+		return err
+	}
+	if ptr.Deref(fresh.Spec.HolderIdentity, "") != l.holder {
+		return apierrors.NewConflict(coordinationv1.Resource("leases"), fresh.Name,
+			fmt.Errorf("now held by %s", Holder(fresh)))
+	}
+	now := metav1.NowMicro()
+	fresh.Spec.RenewTime = &now
+	if err := l.c.Update(ctx, fresh); err != nil {
+		return err
+	}
+	l.lease = fresh
+	return nil
+}
+
+// Release gives the Lease up if it is still ours.
+func (l *Lock) Release(ctx context.Context) error {
+	fresh := &coordinationv1.Lease{}
+	if err := l.c.Get(ctx, client.ObjectKeyFromObject(l.lease), fresh); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	if ptr.Deref(fresh.Spec.HolderIdentity, "") != l.holder {
+		return nil
+	}
+	err := l.c.Delete(ctx, fresh, client.Preconditions{UID: &fresh.UID, ResourceVersion: &fresh.ResourceVersion})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

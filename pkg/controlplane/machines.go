@@ -1,0 +1,203 @@
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg/desiredstate"
+)
+
+// kcpManager is KCP's server-side-apply field manager. Replacements are applied
+// under it so that, after hand-back, KCP's own applies own exactly the fields
+// it would own had it created the machine itself.
+const kcpManager = "capi-kubeadmcontrolplane"
+
+// CreateReplacement creates one new control-plane machine exactly as KCP's
+// cloneConfigsAndGenerateMachine does: the InfraMachine and the (join)
+// KubeadmConfig from KCP's desired state under the Machine's name, then the
+// Machine referencing both. If a later piece fails, the earlier ones are
+// deleted so no orphan is left behind.
+func (c *Client) CreateReplacement(ctx context.Context, cp *pkg.ControlPlane, failureDomain string) (*clusterv1.Machine, error) {
+	machine, err := desiredstate.ComputeDesiredMachine(cp.KCP, cp.Cluster, failureDomain, nil)
+	if err != nil {
+		return nil, fmt.Errorf("computing the replacement machine: %w", err)
+	}
+	infra, err := desiredstate.ComputeDesiredInfraMachine(ctx, c.c, cp.KCP, cp.Cluster, machine.Name, nil)
+	if err != nil {
+		return nil, fmt.Errorf("computing the InfraMachine for %s: %w", machine.Name, err)
+	}
+	config, err := desiredstate.ComputeDesiredKubeadmConfig(cp.KCP, cp.Cluster, true, machine.Name, nil)
+	if err != nil {
+		return nil, fmt.Errorf("computing the KubeadmConfig for %s: %w", machine.Name, err)
+	}
+
+	var created []client.Object
+	cleanup := func(cause error) error {
+		errs := []error{cause}
+		for _, obj := range created {
+			if err := c.c.Delete(context.WithoutCancel(ctx), obj); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("cleaning up %s %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), err))
+			}
+		}
+		return errors.Join(errs...)
+	}
+
+	if err := c.applyAsKCP(ctx, infra); err != nil {
+		return nil, fmt.Errorf("creating InfraMachine %s: %w", machine.Name, err)
+	}
+	created = append(created, infra)
+	machine.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
+		APIGroup: infra.GroupVersionKind().Group, Kind: infra.GetKind(), Name: infra.GetName(),
+	}
+	if err := c.applyAsKCP(ctx, config); err != nil {
+		return nil, cleanup(fmt.Errorf("creating KubeadmConfig %s: %w", machine.Name, err))
+	}
+	created = append(created, config)
+	machine.Spec.Bootstrap.ConfigRef = clusterv1.ContractVersionedObjectReference{
+		APIGroup: config.GroupVersionKind().Group, Kind: "KubeadmConfig", Name: config.Name,
+	}
+	for _, obj := range created {
+		if err := c.dropLabelAndAnnotationOwnership(ctx, obj); err != nil {
+			return nil, cleanup(err)
+		}
+	}
+	if err := c.applyAsKCP(ctx, machine); err != nil {
+		return nil, cleanup(fmt.Errorf("creating Machine %s: %w", machine.Name, err))
+	}
+	return machine, nil
+}
+
+// applyAsKCP server-side applies obj with KCP's field manager and reads the
+// result back into obj. CAPI's own helper for this lives in an internal
+// package, so this is the small part of it we need.
+func (c *Client) applyAsKCP(ctx context.Context, obj client.Object) error {
+	gvk, err := apiutil.GVKForObject(obj, c.c.Scheme())
+	if err != nil {
+		return err
+	}
+	content, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return err
+	}
+	u := &unstructured.Unstructured{Object: content}
+	u.SetGroupVersionKind(gvk)
+	// What the server owns or sets is not part of our intent.
+	unstructured.RemoveNestedField(u.Object, "status")
+	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+	unstructured.RemoveNestedField(u.Object, "metadata", "managedFields")
+	if err := c.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(kcpManager), client.ForceOwnership); err != nil {
+		return err
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj); err != nil {
+		return err
+	}
+	obj.GetObjectKind().SetGroupVersionKind(gvk)
+	return nil
+}
+
+// dropLabelAndAnnotationOwnership removes KCP's apply-ownership of labels and
+// annotations on a freshly created InfraMachine or KubeadmConfig, as KCP does,
+// so that KCP's metadata sync (a different field manager) can later take them
+// over without conflicts.
+func (c *Client) dropLabelAndAnnotationOwnership(ctx context.Context, obj client.Object) error {
+	if err := c.c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+		return fmt.Errorf("reading back %s: %w", obj.GetName(), err)
+	}
+	base := obj.DeepCopyObject().(client.Object)
+	fields := obj.GetManagedFields()
+	changed := false
+	for i, f := range fields {
+		if f.Manager != kcpManager || f.Operation != metav1.ManagedFieldsOperationApply || f.Subresource != "" || f.FieldsV1 == nil {
+			continue
+		}
+		raw := f.FieldsV1.Raw
+		if !bytes.Contains(raw, []byte("f:metadata")) {
+			continue
+		}
+		owned := map[string]any{}
+		if err := json.Unmarshal(raw, &owned); err != nil {
+			return fmt.Errorf("reading managed fields of %s: %w", obj.GetName(), err)
+		}
+		meta, _ := owned["f:metadata"].(map[string]any)
+		if meta == nil || (meta["f:labels"] == nil && meta["f:annotations"] == nil) {
+			continue
+		}
+		delete(meta, "f:labels")
+		delete(meta, "f:annotations")
+		if len(meta) == 0 {
+			delete(owned, "f:metadata")
+		}
+		if raw, err := json.Marshal(owned); err == nil {
+			fields[i].FieldsV1 = &metav1.FieldsV1{Raw: raw}
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	obj.SetManagedFields(fields)
+	if err := c.c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("dropping label and annotation ownership on %s: %w", obj.GetName(), err)
+	}
+	return nil
+}
+
+// Delete deletes machine, and only that incarnation of it: the UID precondition
+// makes a stale decision fail instead of deleting a newer machine of the same name.
+func (c *Client) Delete(ctx context.Context, machine *clusterv1.Machine) error {
+	err := c.c.Delete(ctx, machine, client.Preconditions{UID: &machine.UID})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// EnsureCleanupHook makes sure machine carries KCP's kcp-cleanup pre-terminate
+// hook, so its deletion stops before the infrastructure goes and its etcd
+// member can be removed first.
+func (c *Client) EnsureCleanupHook(ctx context.Context, machine *clusterv1.Machine) error {
+	if _, ok := machine.Annotations[controlplanev1.PreTerminateHookCleanupAnnotation]; ok {
+		return nil
+	}
+	return c.patchAnnotations(ctx, machine, map[string]any{controlplanev1.PreTerminateHookCleanupAnnotation: ""})
+}
+
+// RemoveCleanupHook lets the Machine controller finish deleting machine. A merge
+// patch, not server-side apply: the annotation is owned by another manager.
+func (c *Client) RemoveCleanupHook(ctx context.Context, machine *clusterv1.Machine) error {
+	if _, ok := machine.Annotations[controlplanev1.PreTerminateHookCleanupAnnotation]; !ok {
+		return nil
+	}
+	return c.patchAnnotations(ctx, machine, map[string]any{controlplanev1.PreTerminateHookCleanupAnnotation: nil})
+}
+
+// patchAnnotations sets (or, with nil values, removes) annotations with a merge
+// patch guarded by the object's UID.
+func patchAnnotationsBody(uid types.UID, annotations map[string]any) ([]byte, error) {
+	return json.Marshal(map[string]any{"metadata": map[string]any{"uid": uid, "annotations": annotations}})
+}
+
+func (c *Client) patchAnnotations(ctx context.Context, obj client.Object, annotations map[string]any) error {
+	body, err := patchAnnotationsBody(obj.GetUID(), annotations)
+	if err != nil {
+		return err
+	}
+	if err := c.c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, body)); err != nil {
+		return fmt.Errorf("annotating %s %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), err)
+	}
+	return nil
+}

@@ -1,0 +1,103 @@
+// Package controlplane answers "what is this control plane on the management
+// cluster, and how do we change it there": it reads one consistent view of a
+// Cluster, its KubeadmControlPlane and control-plane Machines (with their
+// InfraMachines and KubeadmConfigs), and performs the management-cluster writes
+// a rollout makes: create a replacement as KCP would, delete a machine, manage
+// the kcp-cleanup pre-terminate hook, and the KCP hand-over (see handover.go).
+//
+// Every read goes straight to the API server: decisions are never made on a
+// cache that may lag behind a deletion.
+package controlplane
+
+import (
+	"context"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/collections"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+// Scheme knows every type the tool reads or writes on the management cluster.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		clientgoscheme.AddToScheme, clusterv1.AddToScheme, controlplanev1.AddToScheme, bootstrapv1.AddToScheme,
+	} {
+		if err := add(s); err != nil {
+			panic(err) // static registration; cannot fail at run time
+		}
+	}
+	return s
+}
+
+// Client reads and writes one cluster's control plane.
+type Client struct {
+	c         client.Client
+	Namespace string
+	Cluster   string
+}
+
+// New returns a Client for the cluster namespace/name. c must not be cached.
+func New(c client.Client, namespace, cluster string) *Client {
+	return &Client{c: c, Namespace: namespace, Cluster: cluster}
+}
+
+// Kube is the underlying management-cluster client.
+func (c *Client) Kube() client.Client { return c.c }
+
+// Read returns KCP's own view of the control plane, built with KCP's own
+// NewControlPlane so that "up to date" means exactly what KCP means by it.
+// The Cluster must exist, not be deleting, and be controlled by a v1beta2
+// KubeadmControlPlane; otherwise the error is marked Unsafe and names what is
+// wrong.
+func (c *Client) Read(ctx context.Context) (*pkg.ControlPlane, error) {
+	cluster := &clusterv1.Cluster{}
+	if err := c.c.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: c.Cluster}, cluster); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, exitcode.Unsafef("cluster %s/%s not found", c.Namespace, c.Cluster)
+		}
+		return nil, fmt.Errorf("reading cluster %s/%s: %w", c.Namespace, c.Cluster, err)
+	}
+	ref := cluster.Spec.ControlPlaneRef
+	if !ref.IsDefined() || ref.Kind != "KubeadmControlPlane" || ref.APIGroup != controlplanev1.GroupVersion.Group {
+		return nil, exitcode.Unsafef("cluster %s/%s: its control plane is not a KubeadmControlPlane (controlPlaneRef %s %s)",
+			c.Namespace, c.Cluster, ref.Kind, ref.Name)
+	}
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	if err := c.c.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: ref.Name}, kcp); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, exitcode.Unsafef("cluster %s/%s: KubeadmControlPlane %s not found", c.Namespace, c.Cluster, ref.Name)
+		}
+		return nil, fmt.Errorf("reading KubeadmControlPlane %s/%s: %w", c.Namespace, ref.Name, err)
+	}
+
+	// As KCP does: control-plane Machines of the cluster that this KCP owns.
+	machines, err := collections.GetFilteredMachinesForCluster(ctx, c.c, cluster,
+		collections.ControlPlaneMachines(cluster.Name),
+		collections.OwnedMachines(kcp, controlplanev1.GroupVersion.WithKind("KubeadmControlPlane").GroupKind()))
+	if err != nil {
+		return nil, fmt.Errorf("listing control-plane machines of %s/%s: %w", c.Namespace, c.Cluster, err)
+	}
+	cp, err := pkg.NewControlPlane(ctx, nil, c.c, cluster, kcp, machines)
+	if err != nil {
+		return nil, fmt.Errorf("reading control plane of %s/%s: %w", c.Namespace, c.Cluster, err)
+	}
+	return cp, nil
+}
+
+// WithKCP returns KCP's view of the same machines as if the KubeadmControlPlane
+// were want: which machines a new version or configuration makes outdated,
+// before anything is written.
+func (c *Client) WithKCP(ctx context.Context, cp *pkg.ControlPlane, want *controlplanev1.KubeadmControlPlane) (*pkg.ControlPlane, error) {
+	return pkg.NewControlPlane(ctx, nil, c.c, cp.Cluster, want, cp.Machines)
+}

@@ -1,0 +1,216 @@
+// Package progress shows what a run is doing, behind one interface chosen once
+// per run: a spinner when a person watches a terminal, timestamped lines when
+// output goes to a log, and JSON Lines events for scripts (-o json).
+package progress
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/briandowns/spinner"
+	"golang.org/x/term"
+)
+
+// Phase is where an action stands.
+type Phase string
+
+const (
+	Started Phase = "started"
+	Waiting Phase = "waiting"
+	Done    Phase = "done"
+	Failed  Phase = "failed"
+)
+
+// Event is one progress report. Its JSON form is a stable, documented
+// interface for scripts: fields are only ever added.
+type Event struct {
+	Time      time.Time `json:"time"`
+	Cluster   string    `json:"cluster"`
+	Namespace string    `json:"namespace"`
+	// Step counts machines replaced or added/removed so far (1-based); Total is
+	// how many the run needs. Both are 0 for events outside a step.
+	Step    int    `json:"step"`
+	Total   int    `json:"total"`
+	Action  string `json:"action"`
+	Machine string `json:"machine,omitempty"`
+	Phase   Phase  `json:"phase"`
+	Message string `json:"message"`
+	// ElapsedMs is the time since the action started.
+	ElapsedMs int64 `json:"elapsedMs"`
+}
+
+// StepTime is one line of the closing summary.
+type StepTime struct {
+	Action   string        `json:"action"`
+	Machine  string        `json:"machine,omitempty"`
+	Duration time.Duration `json:"-"`
+	Ms       int64         `json:"durationMs"`
+}
+
+// Reporter receives a run's events.
+type Reporter interface {
+	Report(Event)
+	// Summary closes a run with each action's duration.
+	Summary(total time.Duration, steps []StepTime)
+	// Stop releases the terminal (stops a spinner).
+	Stop()
+}
+
+// IsTerminal reports whether w is a terminal.
+func IsTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// New chooses the reporter once: JSON Lines on out for "json"; otherwise a
+// spinner on errOut when both out and errOut are terminals, else plain lines
+// on errOut (data goes to stdout, progress to stderr).
+func New(output string, out, errOut io.Writer) Reporter {
+	switch {
+	case output == "json":
+		return &jsonReporter{enc: json.NewEncoder(out)}
+	case IsTerminal(out) && IsTerminal(errOut):
+		return newSpinnerReporter(errOut)
+	default:
+		return &lineReporter{w: errOut}
+	}
+}
+
+type jsonReporter struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+}
+
+func (r *jsonReporter) Report(e Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_ = r.enc.Encode(e)
+}
+
+func (r *jsonReporter) Summary(total time.Duration, steps []StepTime) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := range steps {
+		steps[i].Ms = steps[i].Duration.Milliseconds()
+	}
+	_ = r.enc.Encode(struct {
+		Time    time.Time  `json:"time"`
+		Action  string     `json:"action"`
+		TotalMs int64      `json:"totalMs"`
+		Steps   []StepTime `json:"steps"`
+	}{time.Now(), "summary", total.Milliseconds(), steps})
+}
+
+func (r *jsonReporter) Stop() {}
+
+// Text renders an event as one line, without the time.
+func Text(e Event) string {
+	var b strings.Builder
+	if e.Total > 0 {
+		fmt.Fprintf(&b, "[%d/%d] ", e.Step, e.Total)
+	}
+	if e.Machine != "" {
+		b.WriteString(e.Machine + " ")
+	}
+	fmt.Fprintf(&b, "%s %s", e.Action, e.Phase)
+	if e.Message != "" {
+		b.WriteString(": " + e.Message)
+	}
+	if e.ElapsedMs > 0 && e.Phase != Started {
+		fmt.Fprintf(&b, " (%s)", (time.Duration(e.ElapsedMs) * time.Millisecond).Round(100*time.Millisecond))
+	}
+	return b.String()
+}
+
+func summaryLines(total time.Duration, steps []StepTime) []string {
+	lines := []string{fmt.Sprintf("done in %s:", total.Round(100*time.Millisecond))}
+	for _, s := range steps {
+		what := s.Action
+		if s.Machine != "" {
+			what += " " + s.Machine
+		}
+		lines = append(lines, fmt.Sprintf("  %-50s %s", what, s.Duration.Round(100*time.Millisecond)))
+	}
+	return lines
+}
+
+type lineReporter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (r *lineReporter) Report(e Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fmt.Fprintf(r.w, "%s %s\n", e.Time.UTC().Format(time.RFC3339), Text(e))
+}
+
+func (r *lineReporter) Summary(total time.Duration, steps []StepTime) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, l := range summaryLines(total, steps) {
+		fmt.Fprintln(r.w, l)
+	}
+}
+
+func (r *lineReporter) Stop() {}
+
+// spinnerReporter keeps one spinning line for the action in progress and
+// prints a ✓ or ✗ line when it ends.
+type spinnerReporter struct {
+	mu      sync.Mutex
+	w       io.Writer
+	s       *spinner.Spinner
+	current Event
+	started time.Time
+}
+
+func newSpinnerReporter(w io.Writer) *spinnerReporter {
+	s := spinner.New(spinner.CharSets[14], 100*time.Millisecond, spinner.WithWriter(w))
+	r := &spinnerReporter{w: w, s: s}
+	// The suffix is refreshed on every tick so the elapsed time runs.
+	s.PreUpdate = func(s *spinner.Spinner) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		e := r.current
+		e.ElapsedMs = time.Since(r.started).Milliseconds()
+		e.Phase = Waiting
+		s.Suffix = " " + Text(e)
+	}
+	return r
+}
+
+func (r *spinnerReporter) Report(e Event) {
+	r.mu.Lock()
+	switch e.Phase {
+	case Started, Waiting:
+		if e.Phase == Started || r.current.Action != e.Action || r.current.Machine != e.Machine {
+			r.started = e.Time.Add(-time.Duration(e.ElapsedMs) * time.Millisecond)
+		}
+		r.current = e
+		r.mu.Unlock()
+		r.s.Start()
+		return
+	}
+	r.mu.Unlock()
+	r.s.Stop()
+	mark := "✓"
+	if e.Phase == Failed {
+		mark = "✗"
+	}
+	fmt.Fprintf(r.w, " %s %s\n", mark, Text(e))
+}
+
+func (r *spinnerReporter) Summary(total time.Duration, steps []StepTime) {
+	r.s.Stop()
+	for _, l := range summaryLines(total, steps) {
+		fmt.Fprintln(r.w, l)
+	}
+}
+
+func (r *spinnerReporter) Stop() { r.s.Stop() }

@@ -1,0 +1,134 @@
+// Package workload answers "is this control-plane node healthy?" for a workload
+// cluster: it connects with the cluster's <cluster>-kubeconfig Secret, as CAPI's
+// controllers do, and reads Nodes and their static control-plane pods live.
+// Those live reads, not the Machine conditions KCP sets (which freeze while KCP
+// is paused), are what the rollout's health guards look at.
+package workload
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"sigs.k8s.io/cluster-api/controllers/remote"
+)
+
+// Components are the static pods kubeadm runs on every control-plane node, named
+// <component>-<node> in kube-system. etcd is left out when etcd is external.
+var Components = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
+// EtcdComponent is the static pod of a stacked etcd member.
+const EtcdComponent = "etcd"
+
+// Client reads one workload cluster.
+type Client struct {
+	Config *rest.Config
+	Kube   kubernetes.Interface
+	// Name is namespace/cluster, for messages.
+	Name string
+}
+
+// New connects to the workload cluster of namespace/cluster through its
+// kubeconfig Secret on the management cluster.
+func New(ctx context.Context, mgmt client.Reader, namespace, cluster string) (*Client, error) {
+	cfg, err := remote.RESTConfig(ctx, "cp-rollout", mgmt, client.ObjectKey{Namespace: namespace, Name: cluster})
+	if err != nil {
+		return nil, fmt.Errorf("workload cluster %s/%s: reading its kubeconfig Secret: %w", namespace, cluster, err)
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{Config: cfg, Kube: kube, Name: namespace + "/" + cluster}, nil
+}
+
+// Node is the health of one control-plane node as read just now.
+type Node struct {
+	Name       string
+	Found      bool
+	Ready      bool
+	InternalIP string
+	// Pods maps each static-pod component to whether its pod exists and is Ready.
+	Pods map[string]bool
+}
+
+// Problem names the first thing wrong with the node, or "" when it is healthy.
+func (n Node) Problem(components []string) string {
+	switch {
+	case !n.Found:
+		return fmt.Sprintf("node %s not found", n.Name)
+	case !n.Ready:
+		return fmt.Sprintf("node %s not Ready", n.Name)
+	}
+	for _, c := range components {
+		if !n.Pods[c] {
+			return fmt.Sprintf("static pod %s-%s not Ready", c, n.Name)
+		}
+	}
+	return ""
+}
+
+// Nodes reads each named node and its static pods. A node or pod that does not
+// exist is reported as such, not as an error: it is a state to wait on.
+func (c *Client) Nodes(ctx context.Context, names []string, components []string) (map[string]Node, error) {
+	out := make(map[string]Node, len(names))
+	for _, name := range names {
+		n := Node{Name: name, Pods: map[string]bool{}}
+		node, err := c.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			out[name] = n
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("workload cluster %s: reading node %s: %w", c.Name, name, err)
+		}
+		n.Found = true
+		n.Ready = nodeReady(node)
+		for _, a := range node.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP {
+				n.InternalIP = a.Address
+				break
+			}
+		}
+		for _, comp := range components {
+			pod, err := c.Kube.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, comp+"-"+name, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err):
+				n.Pods[comp] = false
+			case err != nil:
+				return nil, fmt.Errorf("workload cluster %s: reading pod %s-%s: %w", c.Name, comp, name, err)
+			default:
+				n.Pods[comp] = podReady(pod)
+			}
+		}
+		out[name] = n
+	}
+	return out, nil
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func podReady(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

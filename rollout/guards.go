@@ -1,0 +1,302 @@
+package rollout
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"k8s.io/utils/ptr"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/collections"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/workload"
+)
+
+// The guards: pure functions of one Snapshot. Everything that decides —
+// planner, loop, plan and status — goes through these.
+
+// Deleting returns the control-plane machines being deleted. While there is
+// one, no other step starts: its deletion is finished first.
+func Deleting(s *Snapshot) collections.Machines {
+	return s.CP.Machines.Filter(collections.HasDeletionTimestamp)
+}
+
+// NeedingRollout returns the machines to replace: those KCP's own UpToDate
+// calls outdated, plus the machine named for replacement — never a deleting
+// machine, which is already going (counting it again is what made KCP create
+// a second replacement in CAPI issue 2915).
+func NeedingRollout(s *Snapshot, t Target) collections.Machines {
+	outdated, _ := s.CP.MachinesNeedingRollout()
+	if t.Replace != "" {
+		outdated = outdated.DeepCopy()
+		outdated.Insert(s.CP.Machines.Filter(
+			func(m *clusterv1.Machine) bool { return m != nil && m.Name == t.Replace },
+			collections.Not(collections.HasDeletionTimestamp)).UnsortedList()...)
+	}
+	return outdated
+}
+
+// MissingPieces names a machine whose InfraMachine or KubeadmConfig cannot be
+// found. KCP's UpToDate silently counts such a machine as up to date, so the
+// rollout refuses instead of trusting that verdict.
+func MissingPieces(s *Snapshot) error {
+	for _, m := range s.CP.Machines.SortedByCreationTimestamp() {
+		if m.DeletionTimestamp != nil {
+			continue
+		}
+		if _, ok := s.CP.InfraResources[m.Name]; !ok {
+			return exitcode.Unsafef("machine %s: its %s %s is missing", m.Name, m.Spec.InfrastructureRef.Kind, m.Spec.InfrastructureRef.Name)
+		}
+		if _, ok := s.CP.KubeadmConfigs[m.Name]; !ok {
+			return exitcode.Unsafef("machine %s: its KubeadmConfig %s is missing", m.Name, m.Spec.Bootstrap.ConfigRef.Name)
+		}
+	}
+	return nil
+}
+
+// IsLast reports whether m is the only control-plane machine left.
+func IsLast(s *Snapshot, m *clusterv1.Machine) bool {
+	return s.CP.Machines.Len() <= 1 && s.CP.Machines.Has(m)
+}
+
+// WithoutNodeRef returns the machines that have no node yet: replacements in
+// flight.
+func WithoutNodeRef(s *Snapshot) collections.Machines {
+	return s.CP.Machines.Filter(collections.Not(collections.HasNode()))
+}
+
+// MemberOf returns the etcd member of m (kubeadm names members after nodes).
+func MemberOf(s *Snapshot, m *clusterv1.Machine) (etcd.Member, bool) {
+	name := nodeName(m)
+	if name == "" {
+		return etcd.Member{}, false
+	}
+	for _, member := range s.Members {
+		if member.Name == name {
+			return member, true
+		}
+	}
+	return etcd.Member{}, false
+}
+
+// components are the static pods every control-plane node must run.
+func components(s *Snapshot) []string {
+	if s.EtcdManaged {
+		return append([]string{workload.EtcdComponent}, workload.Components...)
+	}
+	return workload.Components
+}
+
+// Problem says what keeps machine m from being a healthy control-plane
+// machine, from the tool's own live reads: a node that is Ready, its static
+// pods Ready, and one named, voting, healthy etcd member without alarms.
+// "" means healthy.
+func Problem(s *Snapshot, m *clusterv1.Machine) string {
+	name := nodeName(m)
+	if name == "" {
+		return fmt.Sprintf("machine %s has no node yet%s", m.Name, provisioning(m))
+	}
+	if p := s.Nodes[name].Problem(components(s)); p != "" {
+		return fmt.Sprintf("machine %s: %s", m.Name, p)
+	}
+	if !s.EtcdManaged {
+		return ""
+	}
+	member, ok := MemberOf(s, m)
+	switch {
+	case !ok:
+		return fmt.Sprintf("machine %s: no etcd member named %s%s", m.Name, name, pendingMembers(s))
+	case member.Learner:
+		return fmt.Sprintf("machine %s: etcd member %s is a learner, not yet promoted", m.Name, member)
+	case len(member.Alarms) > 0:
+		return fmt.Sprintf("machine %s: etcd member %s has alarms %s", m.Name, member, strings.Join(member.Alarms, ", "))
+	case !member.Healthy:
+		return fmt.Sprintf("machine %s: etcd member %s is unhealthy: %s", m.Name, member, strings.Join(member.Errors, "; "))
+	}
+	return ""
+}
+
+// Joining reports whether m is still coming up — no node yet, node or static
+// pods not Ready yet, or its etcd member not yet named or promoted — as opposed
+// to a machine that was up and went bad. The first is waited on, the second
+// refused.
+func Joining(s *Snapshot, m *clusterv1.Machine) bool {
+	name := nodeName(m)
+	if name == "" || s.Nodes[name].Problem(components(s)) != "" {
+		return true
+	}
+	if !s.EtcdManaged {
+		return false
+	}
+	member, ok := MemberOf(s, m)
+	return !ok || member.Learner
+}
+
+// provisioning explains why a machine has no node yet, from the Machine's
+// own status written by the Machine controller (which keeps running while KCP
+// is paused).
+func provisioning(m *clusterv1.Machine) string {
+	if !ptr.Deref(m.Status.Initialization.InfrastructureProvisioned, false) {
+		return "; infrastructure not provisioned"
+	}
+	if !ptr.Deref(m.Status.Initialization.BootstrapDataSecretCreated, false) {
+		return "; bootstrap data not ready"
+	}
+	return "; waiting for the node to register"
+}
+
+func pendingMembers(s *Snapshot) string {
+	var pending []string
+	for _, m := range s.Members {
+		if !m.Voting() {
+			pending = append(pending, m.String())
+		}
+	}
+	if len(pending) == 0 {
+		return ""
+	}
+	return " (joining: " + strings.Join(pending, ", ") + ")"
+}
+
+// Healthy checks the whole control plane, except the machines in skip: every
+// machine healthy (Problem), no etcd member without a machine, no alarms.
+// The error is marked Unsafe and names the machine or member at fault.
+func Healthy(s *Snapshot, skip ...*clusterv1.Machine) error {
+	skipped := collections.FromMachines(skip...)
+	for _, m := range s.CP.Machines.SortedByCreationTimestamp() {
+		if skipped.Has(m) {
+			continue
+		}
+		if p := Problem(s, m); p != "" {
+			return exitcode.Unsafef("%s", p)
+		}
+	}
+	if !s.EtcdManaged {
+		return nil
+	}
+	nodes := map[string]bool{}
+	for _, m := range s.CP.Machines {
+		nodes[nodeName(m)] = true
+	}
+	for _, member := range s.Members {
+		if member.Started() && !nodes[member.Name] {
+			return exitcode.Unsafef("etcd member %s has no control-plane machine: remove it (etcdctl member remove %x) or find its machine", member, member.ID)
+		}
+		if len(member.Alarms) > 0 {
+			return exitcode.Unsafef("etcd member %s has alarms %s", member, strings.Join(member.Alarms, ", "))
+		}
+	}
+	return nil
+}
+
+// SafeToAdd checks that etcd keeps quorum while a new member joins and has not
+// yet become healthy.
+func SafeToAdd(s *Snapshot) error {
+	if !s.EtcdManaged {
+		return nil
+	}
+	if p := etcd.Project(s.Members, etcd.Add, 0); !p.Safe {
+		return exitcode.Unsafef("cannot add a control-plane machine: %s", p.Reason())
+	}
+	return nil
+}
+
+// SafeToRemove checks that removing m's etcd member keeps quorum given the
+// health of the others (voting members only; a learner or an unnamed member
+// anywhere blocks, as in KCP). A machine without a member is safe to remove.
+func SafeToRemove(s *Snapshot, m *clusterv1.Machine) error {
+	if !s.EtcdManaged {
+		return nil
+	}
+	member, ok := MemberOf(s, m)
+	if !ok {
+		return nil
+	}
+	if p := etcd.Project(s.Members, etcd.Remove, member.ID); !p.Safe {
+		return exitcode.Unsafef("cannot remove machine %s: %s", m.Name, p.Reason())
+	}
+	return nil
+}
+
+// Leads reports whether m's etcd member is the leader.
+func Leads(s *Snapshot, m *clusterv1.Machine) bool {
+	member, ok := MemberOf(s, m)
+	return ok && member.Leader
+}
+
+// LeaderCandidates returns the members leadership may move to when it leaves
+// m, best first: healthy voting members of machines that stay, up-to-date
+// machines before outdated ones, newest first (the machine that will stay the
+// longest). KCP orders by its Machine conditions; those freeze while KCP is
+// paused, so this uses the live health instead.
+func LeaderCandidates(s *Snapshot, m *clusterv1.Machine) []etcd.Member {
+	outdated, _ := s.CP.NotUpToDateMachines()
+	type candidate struct {
+		member   etcd.Member
+		upToDate bool
+		machine  *clusterv1.Machine
+	}
+	var cands []candidate
+	for _, other := range s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)) {
+		if other.Name == m.Name {
+			continue
+		}
+		member, ok := MemberOf(s, other)
+		if !ok || !member.Voting() || !member.Healthy {
+			continue
+		}
+		cands = append(cands, candidate{member, !outdated.Has(other), other})
+	}
+	sort.SliceStable(cands, func(i, j int) bool {
+		if cands[i].upToDate != cands[j].upToDate {
+			return cands[i].upToDate
+		}
+		ti, tj := cands[i].machine.CreationTimestamp, cands[j].machine.CreationTimestamp
+		if !ti.Equal(&tj) {
+			return tj.Before(&ti)
+		}
+		return cands[i].machine.Name < cands[j].machine.Name
+	})
+	out := make([]etcd.Member, len(cands))
+	for i, c := range cands {
+		out[i] = c.member
+	}
+	return out
+}
+
+// WaitingForCleanup reports whether a deleting machine has reached the point
+// where KCP's kcp-cleanup pre-terminate hook is served: the Machine controller
+// waits on pre-terminate hooks, and kcp-cleanup is the only one left (it must
+// run last, while the kubelet still works for the others).
+func WaitingForCleanup(m *clusterv1.Machine) bool {
+	if _, ok := m.Annotations[controlplanev1.PreTerminateHookCleanupAnnotation]; !ok {
+		return false
+	}
+	for k := range m.Annotations {
+		if strings.HasPrefix(k, clusterv1.PreTerminateDeleteHookAnnotationPrefix) && k != controlplanev1.PreTerminateHookCleanupAnnotation {
+			return false
+		}
+	}
+	c := conditions.Get(m, clusterv1.MachineDeletingCondition)
+	return c != nil && c.Status == "True" && c.Reason == clusterv1.MachineDeletingWaitingForPreTerminateHookReason
+}
+
+// HasCleanupHook reports whether m still carries the kcp-cleanup hook.
+func HasCleanupHook(m *clusterv1.Machine) bool {
+	_, ok := m.Annotations[controlplanev1.PreTerminateHookCleanupAnnotation]
+	return ok
+}
+
+// notDeleting selects machines that are not being deleted.
+func notDeleting(m *clusterv1.Machine) bool { return m != nil && m.DeletionTimestamp.IsZero() }
+
+// machineNamed returns a Machine value usable as a set key by name.
+func machineNamed(name string) *clusterv1.Machine {
+	m := &clusterv1.Machine{}
+	m.Name = name
+	return m
+}

@@ -1,0 +1,229 @@
+package rollout
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/collections"
+
+	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/workload"
+)
+
+// A world is a hand-built snapshot: machines m0, m1, … created in that order,
+// each on node n<i> with etcd member id i+1, all healthy unless changed.
+
+type machineSpec struct {
+	outdated   bool
+	noNode     bool
+	deleting   bool
+	preTermOK  bool // Deleting condition at WaitingForPreTerminateHook
+	noHook     bool
+	otherHook  bool
+	deleteMark bool
+	nodeDown   bool
+	podDown    bool
+	noMember   bool
+	learner    bool // added and started, not yet promoted
+	unnamed    bool // added, not yet started
+	unhealthy  bool
+	leader     bool
+	alarm      bool
+	noInfra    bool
+}
+
+func world(specs ...machineSpec) *Snapshot {
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	s := &Snapshot{
+		Now:         base.Add(time.Hour),
+		EtcdManaged: true,
+		Nodes:       map[string]workload.Node{},
+		CP: &pkg.ControlPlane{
+			Cluster:             &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "demo", Namespace: "default"}},
+			KCP:                 &controlplanev1.KubeadmControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "demo-cp"}, Spec: controlplanev1.KubeadmControlPlaneSpec{Version: "v1.36.3", Replicas: ptr.To(int32(3))}},
+			Machines:            collections.New(),
+			MachinesNotUpToDate: collections.New(),
+			InfraResources:      map[string]*unstructured.Unstructured{},
+			KubeadmConfigs:      map[string]*bootstrapv1.KubeadmConfig{},
+		},
+	}
+	for i, sp := range specs {
+		name, node := "m"+string(rune('0'+i)), "n"+string(rune('0'+i))
+		m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: "default", CreationTimestamp: metav1.NewTime(base.Add(time.Duration(i) * time.Minute)),
+			Annotations: map[string]string{controlplanev1.PreTerminateHookCleanupAnnotation: ""},
+		}}
+		if sp.noHook {
+			delete(m.Annotations, controlplanev1.PreTerminateHookCleanupAnnotation)
+		}
+		if sp.otherHook {
+			m.Annotations[clusterv1.PreTerminateDeleteHookAnnotationPrefix+"/other"] = ""
+		}
+		if sp.deleteMark {
+			m.Annotations[clusterv1.DeleteMachineAnnotation] = ""
+		}
+		if sp.deleting {
+			m.DeletionTimestamp = ptr.To(metav1.NewTime(base.Add(time.Duration(30+i) * time.Minute)))
+			reason := "DrainingNode"
+			if sp.preTermOK {
+				reason = clusterv1.MachineDeletingWaitingForPreTerminateHookReason
+			}
+			m.Status.Conditions = []metav1.Condition{{Type: clusterv1.MachineDeletingCondition, Status: metav1.ConditionTrue, Reason: reason}}
+		}
+		s.CP.Machines.Insert(m)
+		if sp.outdated {
+			s.CP.MachinesNotUpToDate.Insert(m)
+		}
+		if !sp.noInfra {
+			s.CP.InfraResources[name] = &unstructured.Unstructured{}
+		}
+		s.CP.KubeadmConfigs[name] = &bootstrapv1.KubeadmConfig{}
+		if sp.noNode {
+			continue
+		}
+		m.Status.NodeRef = clusterv1.MachineNodeReference{Name: node}
+		pods := map[string]bool{}
+		for _, c := range append([]string{workload.EtcdComponent}, workload.Components...) {
+			pods[c] = !sp.podDown
+		}
+		s.Nodes[node] = workload.Node{Name: node, Found: true, Ready: !sp.nodeDown, Pods: pods}
+		if sp.noMember {
+			continue
+		}
+		member := etcd.Member{ID: uint64(i + 1), Name: node, Learner: sp.learner || sp.unnamed, Healthy: !sp.unhealthy, Leader: sp.leader}
+		if sp.unnamed {
+			member.Name = ""
+		}
+		if sp.alarm {
+			member.Alarms = []string{"NOSPACE"}
+		}
+		s.Members = append(s.Members, member)
+	}
+	return s
+}
+
+func TestNext(t *testing.T) {
+	upgrade := Target{Operation: "upgrade", Replicas: 3, MaxSurge: 1}
+	surge0 := Target{Operation: "upgrade", Replicas: 3, MaxSurge: 0}
+	old, cur := machineSpec{outdated: true}, machineSpec{}
+	cases := []struct {
+		name    string
+		s       *Snapshot
+		t       Target
+		action  Action
+		machine string
+		code    int    // for Refuse
+		says    string // in the reason
+	}{
+		{name: "all up to date", s: world(cur, cur, cur), t: upgrade, action: Done},
+		{name: "surge 1 creates first", s: world(old, old, old), t: upgrade, action: Create},
+		{name: "surge 0 deletes the oldest outdated first", s: world(old, old, old), t: surge0, action: Delete, machine: "m0"},
+		{name: "after the surge, the oldest outdated goes", s: world(old, old, old, cur), t: upgrade, action: Delete, machine: "m0"},
+		{name: "delete-machine annotation wins", s: world(old, machineSpec{outdated: true, deleteMark: true}, old, cur), t: upgrade, action: Delete, machine: "m1"},
+		{name: "replacement without node is awaited", s: world(old, old, old, machineSpec{noNode: true}), t: upgrade, action: AwaitJoin, machine: "m3", says: "no node yet"},
+		{name: "replacement learner is awaited", s: world(old, old, old, machineSpec{learner: true}), t: upgrade, action: AwaitJoin, machine: "m3", says: "learner"},
+		{name: "replacement with an unstarted member is awaited", s: world(old, old, old, machineSpec{unnamed: true}), t: upgrade, action: AwaitJoin, machine: "m3", says: "joining"},
+		{name: "replacement with pods not ready is awaited", s: world(old, old, old, machineSpec{podDown: true}), t: upgrade, action: AwaitJoin, machine: "m3", says: "static pod"},
+		{name: "a deleting machine is finished first", s: world(old, old, machineSpec{outdated: true, deleting: true}, cur), t: upgrade, action: AwaitDeletion, machine: "m2"},
+		{name: "a deleting machine at its pre-terminate hook is served", s: world(old, old, machineSpec{outdated: true, deleting: true, preTermOK: true}, cur), t: upgrade, action: ServeCleanupHook, machine: "m2"},
+		{name: "another pre-terminate hook goes first", s: world(old, old, machineSpec{outdated: true, deleting: true, preTermOK: true, otherHook: true}, cur), t: upgrade, action: AwaitDeletion, machine: "m2"},
+		{name: "a deleting machine never counts as needing rollout", s: world(cur, cur, cur, machineSpec{outdated: true, deleting: true, noHook: true}), t: upgrade, action: AwaitDeletion, machine: "m3"},
+		{name: "outdated machine with a stopped member is refused", s: world(old, machineSpec{outdated: true, unhealthy: true}, old), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "n1"},
+		{name: "up-to-date machine with a stopped member is refused", s: world(cur, machineSpec{unhealthy: true}, cur), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "etcd member n1"},
+		{name: "alarm is refused", s: world(old, old, machineSpec{outdated: true, alarm: true}), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "NOSPACE"},
+		{name: "node down on an old machine is refused", s: world(old, machineSpec{outdated: true, nodeDown: true}, old), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "node n1 not Ready"},
+		{name: "missing infra machine is refused", s: world(old, machineSpec{outdated: true, noInfra: true}, old), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "m1"},
+		{name: "scale up", s: world(cur, cur, cur), t: Target{Replicas: 5, MaxSurge: 1}, action: Create},
+		{name: "scale down deletes the oldest", s: world(cur, cur, cur, cur, cur), t: Target{Replicas: 3, MaxSurge: 1}, action: Delete, machine: "m0"},
+		{name: "replace names a healthy machine", s: world(cur, cur, cur), t: Target{Replicas: 3, MaxSurge: 1, Replace: "m1"}, action: Create},
+		{name: "replace deletes the named machine after the surge", s: world(cur, cur, cur, cur), t: Target{Replicas: 3, MaxSurge: 1, Replace: "m1"}, action: Delete, machine: "m1"},
+		{name: "the last machine is never deleted", s: world(old), t: Target{Replicas: 1, MaxSurge: 0}, action: Refuse, code: exitcode.Unsafe, says: "last control-plane machine"},
+		{name: "one replica surges", s: world(old), t: Target{Replicas: 1, MaxSurge: 1}, action: Create},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			step := Next(context.Background(), tc.s, tc.t)
+			if step.Action != tc.action {
+				t.Fatalf("action %s (%s), want %s", step.Action, step.Reason, tc.action)
+			}
+			if tc.machine != "" && (step.Machine == nil || step.Machine.Name != tc.machine) {
+				t.Fatalf("machine %v, want %s (%s)", machineName(step.Machine), tc.machine, step.Reason)
+			}
+			if tc.action == Refuse && exitcode.Of(step.Err) != tc.code {
+				t.Fatalf("exit code %d, want %d: %v", exitcode.Of(step.Err), tc.code, step.Err)
+			}
+			if !strings.Contains(step.Reason, tc.says) {
+				t.Fatalf("reason %q lacks %q", step.Reason, tc.says)
+			}
+		})
+	}
+}
+
+func TestQuorumGuards(t *testing.T) {
+	// Three voting members, one stopped: removing a healthy one would leave 1 of 2.
+	s := world(machineSpec{outdated: true}, machineSpec{outdated: true, unhealthy: true}, machineSpec{outdated: true})
+	m0 := s.CP.Machines.Oldest()
+	if err := SafeToRemove(s, m0); err == nil || !strings.Contains(err.Error(), "n1") {
+		t.Fatalf("removing m0 with n1 stopped: %v, want a refusal naming n1", err)
+	}
+	// Removing the stopped member itself keeps 2 of 2 healthy.
+	var m1 *clusterv1.Machine
+	for _, m := range s.CP.Machines {
+		if m.Name == "m1" {
+			m1 = m
+		}
+	}
+	if err := SafeToRemove(s, m1); err != nil {
+		t.Fatalf("removing the stopped member: %v", err)
+	}
+	// A learner anywhere blocks removals.
+	for _, joining := range []machineSpec{{learner: true}, {unnamed: true}} {
+		s = world(machineSpec{}, machineSpec{}, machineSpec{}, joining)
+		if err := SafeToRemove(s, s.CP.Machines.Oldest()); err == nil {
+			t.Fatalf("removal allowed while a member is joining (%+v)", joining)
+		}
+	}
+	// A machine without a member is safe to remove (nothing to lose).
+	s = world(machineSpec{}, machineSpec{}, machineSpec{}, machineSpec{noMember: true})
+	if err := SafeToRemove(s, s.CP.Machines.Newest()); err != nil {
+		t.Fatalf("machine without a member: %v", err)
+	}
+}
+
+func TestLeaderCandidates(t *testing.T) {
+	// m0 leads; m1 outdated, m2 and m3 up to date (m3 newest), m4 deleting.
+	s := world(machineSpec{outdated: true, leader: true}, machineSpec{outdated: true}, machineSpec{}, machineSpec{},
+		machineSpec{deleting: true, outdated: true})
+	var names []string
+	for _, c := range LeaderCandidates(s, s.CP.Machines.Oldest()) {
+		names = append(names, c.Name)
+	}
+	if got, want := strings.Join(names, ","), "n3,n2,n1"; got != want {
+		t.Fatalf("candidates %s, want %s (up to date first, newest first, never the deleting one)", got, want)
+	}
+	// Unhealthy and learner members are never candidates.
+	s = world(machineSpec{leader: true}, machineSpec{unhealthy: true}, machineSpec{learner: true}, machineSpec{unnamed: true})
+	if c := LeaderCandidates(s, s.CP.Machines.Oldest()); len(c) != 0 {
+		t.Fatalf("candidates %v, want none", c)
+	}
+}
+
+func TestHealthyNamesOrphanMember(t *testing.T) {
+	s := world(machineSpec{}, machineSpec{}, machineSpec{})
+	s.Members = append(s.Members, etcd.Member{ID: 99, Name: "gone-node", Healthy: true})
+	err := Healthy(s)
+	if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "gone-node") {
+		t.Fatalf("orphan member: %v", err)
+	}
+}

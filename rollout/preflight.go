@@ -1,0 +1,124 @@
+package rollout
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/blang/semver/v4"
+	"k8s.io/utils/ptr"
+
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	"sigs.k8s.io/cluster-api/controlplane/kubeadm/webhooks/admission"
+
+	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+// Request is what a verb asks for. Empty Version and nil Replicas leave the
+// KubeadmControlPlane's own values.
+type Request struct {
+	Operation string
+	Version   string
+	Replicas  *int32
+	MaxSurge  int32
+	Replace   string
+}
+
+// TargetString is the request's target for records and messages.
+func (r Request) TargetString() string {
+	var parts []string
+	if r.Version != "" {
+		parts = append(parts, r.Version)
+	}
+	if r.Replicas != nil {
+		parts = append(parts, fmt.Sprintf("replicas=%d", *r.Replicas))
+	}
+	if r.Replace != "" {
+		parts = append(parts, "machine="+r.Replace)
+	}
+	return strings.Join(parts, ",")
+}
+
+// ParseVersion accepts a Kubernetes version as KCP does, but insists on the
+// leading "v" users see everywhere else.
+func ParseVersion(v string) (semver.Version, error) {
+	if !strings.HasPrefix(v, "v") {
+		return semver.Version{}, exitcode.Usagef("version %q must start with \"v\", like v1.36.3", v)
+	}
+	parsed, err := semver.Parse(v[1:])
+	if err != nil {
+		return semver.Version{}, exitcode.Usagef("version %q is not a semantic version like v1.36.3: %v", v, err)
+	}
+	return parsed, nil
+}
+
+// CheckState refuses, with exit code 3, a control plane this tool must not
+// take over: a deleting Cluster, a topology-managed one, a KCP paused by
+// someone else or with a remediation in progress, or an operation record of
+// ours for a different target.
+func CheckState(s *Snapshot, r Request) error {
+	cluster, kcp := s.CP.Cluster, s.CP.KCP
+	if !cluster.DeletionTimestamp.IsZero() {
+		return exitcode.Unsafef("cluster %s is being deleted", cluster.Name)
+	}
+	if err := controlplane.CheckTakeover(cluster, kcp); err != nil {
+		return err
+	}
+	rec, err := controlplane.RecordOf(kcp)
+	if err != nil {
+		return err
+	}
+	if rec != nil && (rec.Operation != r.Operation || rec.Target != r.TargetString()) {
+		return exitcode.Unsafef("KubeadmControlPlane %s holds an unfinished operation: %s; re-run that command to finish it, or `kubectl cp-rollout handback %s` to give control back to KCP",
+			kcp.Name, rec, cluster.Name)
+	}
+	return nil
+}
+
+// Desired returns the KubeadmControlPlane as the request would set it, and
+// checks it with KCP's own admission rules plus what those rules leave out:
+// no downgrade, no minor skip measured from the lowest machine version, and
+// surge 0 only with at least 3 replicas. Errors are bad input (exit 2).
+func Desired(ctx context.Context, s *Snapshot, r Request) (*controlplanev1.KubeadmControlPlane, error) {
+	old := s.CP.KCP
+	want := old.DeepCopy()
+	if r.Version != "" {
+		to, err := ParseVersion(r.Version)
+		if err != nil {
+			return nil, err
+		}
+		if cur, err := semver.ParseTolerant(old.Spec.Version); err == nil && to.LT(cur) {
+			return nil, exitcode.Usagef("%s is older than the control plane's %s: downgrades are not supported", r.Version, old.Spec.Version)
+		}
+		if lowest := s.CP.Machines.LowestVersion(); lowest != "" {
+			if from, err := semver.ParseTolerant(lowest); err == nil && (to.Major != from.Major || to.Minor > from.Minor+1) {
+				return nil, exitcode.Usagef("%s skips a minor version: the oldest machine runs %s; upgrade one minor at a time", r.Version, lowest)
+			}
+		}
+		want.Spec.Version = r.Version
+	}
+	if r.Replicas != nil {
+		if *r.Replicas < 1 {
+			return nil, exitcode.Usagef("--replicas must be at least 1, not %d", *r.Replicas)
+		}
+		if etcd.Managed(old) && *r.Replicas%2 == 0 {
+			return nil, exitcode.Usagef("--replicas must be odd with stacked etcd (quorum), not %d", *r.Replicas)
+		}
+		want.Spec.Replicas = r.Replicas
+	}
+	if r.MaxSurge == 0 && ptr.Deref(want.Spec.Replicas, 1) < 3 {
+		return nil, exitcode.Usagef("--max-surge 0 needs at least 3 replicas (this control plane has %d): deleting first would leave too few machines",
+			ptr.Deref(want.Spec.Replicas, 1))
+	}
+	if _, err := (&admission.KubeadmControlPlane{}).ValidateUpdate(ctx, old, want); err != nil {
+		return nil, exitcode.Usagef("the KubeadmControlPlane would be invalid: %v", err)
+	}
+	return want, nil
+}
+
+// TargetFor turns a checked request into the loop's target.
+func TargetFor(kcp *controlplanev1.KubeadmControlPlane, r Request) Target {
+	return Target{Operation: r.Operation, Replicas: ptr.Deref(kcp.Spec.Replicas, 1), MaxSurge: r.MaxSurge, Replace: r.Replace}
+}

@@ -1,0 +1,141 @@
+package rollout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"time"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/progress"
+)
+
+// PauseTimeout bounds the wait for the KCP controller to report Paused.
+var PauseTimeout = 2 * time.Minute
+
+// ErrNothingToDo is returned by Prepare when the control plane already
+// matches the request.
+var ErrNothingToDo = errors.New("nothing to do")
+
+// Prepared is a checked request, ready to run: the snapshot it was checked on
+// and the target the loop drives towards.
+type Prepared struct {
+	Request  Request
+	Snapshot *Snapshot
+	Target   Target
+	// Steps counts the machine steps expected, for progress.
+	Steps int
+}
+
+// Prepare reads the control plane and checks the request against it without
+// changing anything: bad input is exit 2, an unsafe state exit 3, and a
+// control plane that already matches (and carries no record of ours) is
+// ErrNothingToDo.
+func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
+	s, err := e.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckState(s, r); err != nil {
+		return nil, err
+	}
+	want, err := Desired(ctx, s, r)
+	if err != nil {
+		return nil, err
+	}
+	if r.Replace != "" && !s.CP.Machines.Has(machineNamed(r.Replace)) {
+		return nil, exitcode.Usagef("machine %s is not a control-plane machine of cluster %s", r.Replace, s.CP.Cluster.Name)
+	}
+	projected, err := e.ControlPlane.WithKCP(ctx, s.CP, want)
+	if err != nil {
+		return nil, err
+	}
+	future := *s
+	future.CP = projected
+	t := TargetFor(want, r)
+	p := &Prepared{Request: r, Snapshot: &future, Target: t}
+	rec, err := controlplane.RecordOf(s.CP.KCP)
+	if err != nil {
+		return nil, err
+	}
+	outdated := NeedingRollout(&future, t).Len()
+	delta := int(t.Replicas) - s.CP.Machines.Filter(notDeleting).Len()
+	p.Steps = outdated + max(delta, -delta)
+	if rec == nil && outdated == 0 && delta == 0 && Deleting(s).Len() == 0 {
+		return p, ErrNothingToDo
+	}
+	return p, nil
+}
+
+// Run performs a prepared request with the KCP hand-over around the loop:
+// take the cluster's Lease, pause the KubeadmControlPlane (and wait until KCP
+// says it is paused), record the operation, set the target, converge, then
+// hand back — remove the pause and record — and release the Lease. If the run
+// stops early the KCP stays paused with the record, so a re-run resumes and
+// status explains; the Lease is always released.
+func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
+	lock, err := e.ControlPlane.Acquire(ctx, Who())
+	if err != nil {
+		return err
+	}
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go lock.Keep(runCtx, func(lost error) { cancel(exitcode.New(exitcode.Locked, lost)) })
+	defer func() {
+		if rerr := lock.Release(context.WithoutCancel(ctx)); rerr != nil && err == nil {
+			err = fmt.Errorf("releasing the lock: %w", rerr)
+		}
+		if cause := context.Cause(runCtx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
+			err = cause // the lost lock explains the stop better than its echo
+		}
+	}()
+
+	kcp := p.Snapshot.CP.KCP
+	rec, err := controlplane.RecordOf(kcp)
+	if err != nil {
+		return err
+	}
+	began := time.Now()
+	if rec == nil {
+		e.report("pause", "", progress.Started, "pausing KubeadmControlPlane "+kcp.Name, began)
+		rec := controlplane.Record{Operation: p.Request.Operation, Target: p.Request.TargetString(), Who: Who(), Started: time.Now().UTC()}
+		if err := e.ControlPlane.Pause(runCtx, kcp, rec, PauseTimeout); err != nil {
+			return err
+		}
+		e.finish("pause", "", "KCP reports Paused", began)
+	} else {
+		e.report("resume", "", progress.Done, "continuing "+rec.String(), began)
+	}
+	if err := e.ControlPlane.SetTarget(runCtx, kcp, p.Request.Version, p.Request.Replicas); err != nil {
+		return err
+	}
+
+	e.Total = p.Steps
+	if err := e.Converge(runCtx, p.Target); err != nil {
+		return err
+	}
+
+	s, err := e.Read(runCtx)
+	if err != nil {
+		return err
+	}
+	began = time.Now()
+	if err := e.ControlPlane.Resume(runCtx, s.CP.KCP); err != nil {
+		return err
+	}
+	e.report("handback", "", progress.Done, "KubeadmControlPlane "+kcp.Name+" unpaused; KCP is in charge again", began)
+	return nil
+}
+
+// Who identifies this run in the Lease and the operation record.
+func Who() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s@%s/pid-%d", name, host, os.Getpid())
+}

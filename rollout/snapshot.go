@@ -1,0 +1,56 @@
+// Package rollout is the engine: guards (pure predicates over one snapshot of a
+// control plane), a planner (snapshot + target → the one next step), and a
+// blocking loop that reads a live snapshot, asks the planner, performs that one
+// step and waits for its effect, until the control plane matches the target.
+//
+// Every verb (upgrade, scale, replace, plan, status) decides through the guards
+// and the planner here, so there is one definition of "safe".
+package rollout
+
+import (
+	"time"
+
+	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/workload"
+)
+
+// Snapshot is everything one decision looks at, read at one moment, with a
+// fixed "now". It is never updated: the next decision reads a new one.
+type Snapshot struct {
+	Now time.Time
+	// CP is KCP's own view: Cluster, KubeadmControlPlane, owned Machines with
+	// their InfraMachines and KubeadmConfigs, and which are up to date.
+	CP *pkg.ControlPlane
+	// Nodes holds the live health of each machine's node, by node name.
+	Nodes map[string]workload.Node
+	// EtcdManaged is false for external etcd: then there are no etcd steps.
+	EtcdManaged bool
+	// Members is the etcd membership with health and leader.
+	Members []etcd.Member
+}
+
+// Target is what the control plane should become.
+type Target struct {
+	// Operation names the verb for records and messages: upgrade, scale, replace.
+	Operation string
+	// Replicas is the number of control-plane machines wanted.
+	Replicas int32
+	// MaxSurge is how many machines above Replicas a rollout may create: 1
+	// (create the replacement first) or 0 (delete first; for clusters without
+	// spare capacity).
+	MaxSurge int32
+	// Replace names one machine that must be replaced even if up to date.
+	Replace string
+}
+
+// nodeName is the name of machine's node, or "" before it has one.
+func nodeName(m *clusterv1.Machine) string {
+	if m == nil {
+		return ""
+	}
+	return m.Status.NodeRef.Name
+}
