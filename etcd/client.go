@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -102,6 +103,16 @@ type api interface {
 	Close() error
 }
 
+// etcdClient is clientv3 with Status sent over the connection already open to the member:
+// clientv3's own Status dials its endpoint anew on every call, which through a
+// port-forward would mean a new tunnel and TLS handshake per health probe.
+type etcdClient struct{ *clientv3.Client }
+
+func (c etcdClient) Status(ctx context.Context, _ string) (*clientv3.StatusResponse, error) {
+	resp, err := etcdserverpb.NewMaintenanceClient(c.ActiveConnection()).Status(ctx, &etcdserverpb.StatusRequest{})
+	return (*clientv3.StatusResponse)(resp), clientv3.ContextError(ctx, err)
+}
+
 // memberConn is a connection to the member on one node; every call through it is bounded
 // and its errors name the node and the way it was reached.
 type memberConn struct {
@@ -152,7 +163,7 @@ func (c *Client) conn(node Node) (*memberConn, error) {
 	if err != nil {
 		return nil, &MemberError{Node: node.Name, Target: target, Op: "connect", Err: err}
 	}
-	mc.api, mc.grpc = cli, cli.ActiveConnection()
+	mc.api, mc.grpc = etcdClient{cli}, cli.ActiveConnection()
 	c.conns[key] = mc
 	return mc, nil
 }

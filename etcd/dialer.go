@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
@@ -131,10 +132,8 @@ func podName(node Node) string { return "etcd-" + node.Name }
 
 // Target names the pod and port forwarded to.
 func (d *PortForwardDialer) Target(node Node) string {
-	return fmt.Sprintf("port-forward %s/%s:%d", metaNamespaceSystem, podName(node), ClientPort)
+	return fmt.Sprintf("port-forward %s/%s:%d", metav1.NamespaceSystem, podName(node), ClientPort)
 }
-
-const metaNamespaceSystem = "kube-system"
 
 // DialContext opens a port-forward stream to the member's client port. It tries the
 // WebSocket protocol first and falls back to SPDY when the API server cannot upgrade to it,
@@ -143,7 +142,7 @@ func (d *PortForwardDialer) DialContext(ctx context.Context, node Node) (net.Con
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", d.Target(node), context.Cause(ctx))
 	}
-	req := d.pods.Post().Namespace(metaNamespaceSystem).Resource("pods").Name(podName(node)).SubResource("portforward")
+	req := d.pods.Post().Namespace(metav1.NamespaceSystem).Resource("pods").Name(podName(node)).SubResource("portforward")
 	httpClient := &http.Client{Transport: d.transport}
 	if deadline, ok := ctx.Deadline(); ok {
 		// The upgrade dialers take no context; the deadline is all they can honour.

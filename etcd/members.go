@@ -50,6 +50,10 @@ func (m Member) Started() bool { return m.Name != "" }
 // Voting reports whether the member counts towards quorum.
 func (m Member) Voting() bool { return m.Started() && !m.Learner }
 
+// HealthyVoter reports what a replacement must reach before the rollout moves on (and
+// what a leadership target must be): started, promoted, and healthy.
+func (m Member) HealthyVoter() bool { return m.Voting() && m.Healthy }
+
 // String names the member for messages.
 func (m Member) String() string { return describeMember(m.Name, m.ID) }
 
@@ -265,7 +269,7 @@ func MemberByName(members []Member, name string) (Member, bool) {
 func LeaderCandidates(members []Member, leaving uint64) []Member {
 	var out []Member
 	for _, m := range members {
-		if m.ID != leaving && m.Voting() && m.Healthy {
+		if m.ID != leaving && m.HealthyVoter() {
 			out = append(out, m)
 		}
 	}

@@ -95,14 +95,18 @@ type Config struct {
 	Logger *zap.Logger
 }
 
-// Member is a running etcd member.
+// Member is an etcd member started by Start.
 type Member struct {
 	cfg       Config
-	etcd      *embed.Etcd
+	ca        *authority
+	ip        net.IP
 	id        uint64
 	clientURL string
 	peerURL   string
-	stopOnce  sync.Once
+
+	mu      sync.Mutex
+	etcd    *embed.Etcd
+	stopped bool
 }
 
 // joinTimeout bounds each etcd call made while joining; the whole Start is bounded by ctx.
@@ -132,11 +136,13 @@ func Start(ctx context.Context, cfg Config) (*Member, error) {
 	}
 	m := &Member{
 		cfg:       cfg,
+		ca:        ca,
+		ip:        ip,
 		clientURL: "https://" + net.JoinHostPort(cfg.IP, strconv.Itoa(clientPort)),
 		peerURL:   "https://" + net.JoinHostPort(cfg.IP, strconv.Itoa(peerPort)),
 	}
 
-	ec, err := m.embedConfig(ca, ip)
+	ec, err := m.embedConfig()
 	if err != nil {
 		return nil, fmt.Errorf("etcd member %s: %w", cfg.Name, err)
 	}
@@ -165,21 +171,9 @@ func Start(ctx context.Context, cfg Config) (*Member, error) {
 		}()
 	}
 
-	e, err := embed.StartEtcd(ec)
-	if err != nil {
-		return nil, fmt.Errorf("etcd member %s: start: %w", cfg.Name, err)
+	if err := m.launch(ctx, ec); err != nil {
+		return nil, err
 	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
-		return nil, fmt.Errorf("etcd member %s: %w", cfg.Name, err)
-	case <-ctx.Done():
-		e.Close()
-		return nil, fmt.Errorf("etcd member %s: waiting to serve: %w", cfg.Name, context.Cause(ctx))
-	}
-	m.etcd = e
-	m.id = uint64(e.Server.MemberID())
 
 	if joined != 0 && !cfg.StayLearner {
 		admin, err := adminClient(ca, append([]string{m.clientURL}, cfg.ExistingClientURLs...))
@@ -195,7 +189,49 @@ func Start(ctx context.Context, cfg Config) (*Member, error) {
 	return m, nil
 }
 
-func (m *Member) embedConfig(ca *authority, ip net.IP) (*embed.Config, error) {
+// launch starts etcd and waits until it serves clients.
+func (m *Member) launch(ctx context.Context, ec *embed.Config) error {
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		return fmt.Errorf("etcd member %s: start: %w", m.cfg.Name, err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return fmt.Errorf("etcd member %s: %w", m.cfg.Name, err)
+	case <-ctx.Done():
+		e.Close()
+		return fmt.Errorf("etcd member %s: waiting to serve: %w", m.cfg.Name, context.Cause(ctx))
+	}
+	m.mu.Lock()
+	m.etcd, m.stopped = e, false
+	m.mu.Unlock()
+	m.id = uint64(e.Server.MemberID())
+	return nil
+}
+
+// Restart starts a stopped member again from its data directory, as a rebooted node
+// does; it rejoins with its old identity.
+func (m *Member) Restart(ctx context.Context) error {
+	m.mu.Lock()
+	stopped := m.stopped
+	m.mu.Unlock()
+	if !stopped {
+		return fmt.Errorf("etcd member %s: restart: still running", m.cfg.Name)
+	}
+	ec, err := m.embedConfig()
+	if err != nil {
+		return fmt.Errorf("etcd member %s: %w", m.cfg.Name, err)
+	}
+	// With data on disk etcd ignores the initial cluster; "existing" keeps it from
+	// trying to bootstrap one.
+	ec.ClusterState = embed.ClusterStateFlagExisting
+	return m.launch(ctx, ec)
+}
+
+func (m *Member) embedConfig() (*embed.Config, error) {
+	ca, ip := m.ca, m.ip
 	pki := filepath.Join(m.cfg.DataDir, "pki")
 	if err := os.MkdirAll(pki, 0o700); err != nil {
 		return nil, err
@@ -401,10 +437,19 @@ func (m *Member) ClientURL() string { return m.clientURL }
 func (m *Member) PeerURL() string { return m.peerURL }
 
 // Stopped is closed once the member has stopped, whether by Stop or by itself (a member
-// removed from the cluster shuts down).
-func (m *Member) Stopped() <-chan struct{} { return m.etcd.Server.StopNotify() }
+// removed from the cluster shuts down). After Restart, call it again for the new run.
+func (m *Member) Stopped() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.etcd.Server.StopNotify()
+}
 
 // Stop stops the member and keeps its data directory. It is safe to call more than once.
 func (m *Member) Stop() {
-	m.stopOnce.Do(func() { m.etcd.Close() })
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.stopped {
+		m.stopped = true
+		m.etcd.Close()
+	}
 }

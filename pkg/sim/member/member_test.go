@@ -130,3 +130,42 @@ func client(t *testing.T, caCert, caKey []byte, endpoint string) *clientv3.Clien
 	t.Cleanup(func() { cli.Close() })
 	return cli
 }
+
+func TestRestartRejoinsWithItsIdentity(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	caCert, caKey, err := member.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := func(name, ip string, existing ...string) member.Config {
+		return member.Config{Name: name, IP: ip, CACert: caCert, CAKey: caKey, DataDir: t.TempDir(),
+			ExistingClientURLs: existing, TickMs: 10, ElectionMs: 100, UnsafeNoFsync: true, RelaxedReconfigCheck: true}
+	}
+	a, err := member.Start(ctx, cfg("node-a", "127.77.2.2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Stop()
+	b, err := member.Start(ctx, cfg("node-b", "127.77.2.3", a.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop()
+	id := b.ID()
+	b.Stop()
+	if err := b.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b.ID() != id {
+		t.Fatalf("restarted as member %x, was %x", b.ID(), id)
+	}
+	cli := client(t, caCert, caKey, b.ClientURL())
+	if _, err := cli.Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	list, err := cli.MemberList(ctx)
+	if err != nil || len(list.Members) != 2 {
+		t.Fatalf("members after restart: %v %v", list, err)
+	}
+}
