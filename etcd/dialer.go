@@ -145,7 +145,8 @@ func (d *PortForwardDialer) DialContext(ctx context.Context, node Node) (net.Con
 	req := d.pods.Post().Namespace(metav1.NamespaceSystem).Resource("pods").Name(podName(node)).SubResource("portforward")
 	httpClient := &http.Client{Transport: d.transport}
 	if deadline, ok := ctx.Deadline(); ok {
-		// The upgrade dialers take no context; the deadline is all they can honour.
+		// The upgrade dialers take no context. The SPDY one honours the deadline through
+		// its HTTP client; a WebSocket dial that outlives ctx is abandoned below.
 		httpClient.Timeout = max(time.Millisecond, time.Until(deadline))
 	}
 	spdyDialer := spdy.NewDialerForStreaming(d.upgrader, httpClient, http.MethodPost, req.URL())

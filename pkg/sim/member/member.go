@@ -18,6 +18,10 @@
 //		ExistingClientURLs: []string{first.ClientURL()}})
 //	defer second.Stop()
 //
+// Stop stops a member and keeps its data, like a node that goes down; Restart brings it
+// back with its identity, like a node that reboots. A member removed from the cluster
+// stops by itself, as etcd does; Stopped tells when.
+//
 // Ports: 0 picks a free port on the member's address. The simulator uses the kubeadm ports
 // (DefaultClientPort, DefaultPeerPort) on a distinct address per node; tests that run in
 // parallel with other packages should use addresses of their own (127.x.y.z) so fixed ports
