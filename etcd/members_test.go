@@ -43,6 +43,9 @@ func TestMembersOfOneThreeAndFiveMemberClusters(t *testing.T) {
 			if p := etcd.Project(members, etcd.Remove, members[0].ID); p.Safe != (size > 1) {
 				t.Errorf("removing one of %d healthy members: %s; safe %v", size, p.Reason(), p.Safe)
 			}
+			if size == 5 {
+				fiveTolerateOneMoreFailure(t, tc, members)
+			}
 		})
 	}
 }
@@ -253,4 +256,34 @@ func TestAlarmReported(t *testing.T) {
 		}
 	}
 	checkNeverCandidate(t, members, got.ID)
+}
+
+// fiveTolerateOneMoreFailure: with one member of five down, healthy members can be
+// removed while the rest keeps quorum: five to four (three of four healthy) and four to
+// three (two of three), but not three to two (one of two).
+func fiveTolerateOneMoreFailure(t *testing.T, tc *testCluster, members []etcd.Member) {
+	ctx := testContext(t)
+	c := tc.client()
+	leader, _ := etcd.Leader(members)
+	others := etcd.LeaderCandidates(members, leader.ID)
+	down := others[0]
+	tc.members[down.Name].Stop()
+	for i, victim := range others[1:] {
+		members = mustMembers(t, ctx, c, tc.nodes)
+		p := etcd.Project(members, etcd.Remove, victim.ID)
+		err := c.RemoveMember(ctx, tc.nodes, victim.ID)
+		var qe *etcd.QuorumError
+		if last := i == len(others)-2; last {
+			if p.Safe || !errors.As(err, &qe) || p.Voting != 2 || p.Healthy != 1 {
+				t.Fatalf("removing %s with %s down and %d members: %s; removal error %v", victim, down, len(members), p.Reason(), err)
+			}
+			continue
+		}
+		if !p.Safe || err != nil || p.Voting != len(members)-1 || p.Healthy != len(members)-2 {
+			t.Fatalf("removing %s with %s down and %d members: %s; removal error %v", victim, down, len(members), p.Reason(), err)
+		}
+	}
+	if n := len(mustMembers(t, ctx, c, tc.nodes)); n != 3 {
+		t.Fatalf("%d members left, want 3", n)
+	}
 }
