@@ -46,7 +46,13 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	if err != nil {
 		return nil, err
 	}
-	if r.Replace != "" && !s.CP.Machines.Has(machineNamed(r.Replace)) {
+	rec, err := controlplane.RecordOf(s.CP.KCP)
+	if err != nil {
+		return nil, err
+	}
+	// A replace that was interrupted after its machine went resumes on the
+	// record alone.
+	if r.Replace != "" && rec == nil && !s.CP.Machines.Has(machineNamed(r.Replace)) {
 		return nil, exitcode.Usagef("machine %s is not a control-plane machine of cluster %s", r.Replace, s.CP.Cluster.Name)
 	}
 	projected, err := e.ControlPlane.WithKCP(ctx, s.CP, want)
@@ -57,10 +63,6 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	future.CP = projected
 	t := TargetFor(want, r)
 	p := &Prepared{Request: r, Snapshot: &future, Target: t}
-	rec, err := controlplane.RecordOf(s.CP.KCP)
-	if err != nil {
-		return nil, err
-	}
 	outdated := NeedingRollout(&future, t).Len()
 	delta := int(t.Replicas) - s.CP.Machines.Filter(notDeleting).Len()
 	p.Steps = outdated + max(delta, -delta)

@@ -83,6 +83,8 @@ control-plane machine, never lose etcd quorum).`,
 
 	cmd.AddCommand(
 		NewCmdUpgrade(o),
+		NewCmdScale(o),
+		NewCmdReplace(o),
 		NewCmdVersion(streams),
 		NewCmdCompletion(streams),
 	)

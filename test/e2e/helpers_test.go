@@ -1,0 +1,112 @@
+// Package e2e drives the real plugin binary, through the real kubectl, against
+// the simulator: real API servers, real Machine and KCP controllers, real etcd
+// members; only the machines are simulated.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cp-rollout/cp-rollout/pkg/sim"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "cp-rollout-e2e-")
+	if err != nil {
+		panic(err)
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(dir, "kubectl-cp_rollout"), "../../cmd/kubectl-cp_rollout")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		panic("building the plugin: " + err.Error())
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// prefixes hands each simulator its own loopback /24: members use the kubeadm
+// ports, so two simulators must not share addresses.
+var prefixes atomic.Int32
+
+type env struct {
+	sim        *sim.Sim
+	kubeconfig string
+}
+
+func startSim(t *testing.T, opts sim.Options) *env {
+	t.Helper()
+	if opts.AddressPrefix == "" {
+		opts.AddressPrefix = fmt.Sprintf("127.0.%d", 100+prefixes.Add(1))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	s, err := sim.Start(ctx, opts)
+	if err != nil {
+		t.Fatalf("starting the simulator: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			t.Errorf("stopping the simulator: %v", err)
+		}
+	})
+	if err := s.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := s.ManagementKubeconfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &env{sim: s, kubeconfig: path}
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+	took           time.Duration
+}
+
+// plugin runs `kubectl cp-rollout args...` against the simulator.
+func (e *env) plugin(t *testing.T, ctx context.Context, args ...string) result {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, "kubectl", append([]string{"cp-rollout"}, args...)...)
+	cmd.Env = append(os.Environ(),
+		"PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"),
+		"KUBECONFIG="+e.kubeconfig,
+		"XDG_CONFIG_HOME="+t.TempDir())
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	began := time.Now()
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatal(err)
+	}
+	r := result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String(), took: time.Since(began)}
+	t.Logf("kubectl cp-rollout %s: exit %d in %s\n%s", strings.Join(args, " "), r.code, r.took.Round(time.Millisecond), tail(r.stderr, 40))
+	return r
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

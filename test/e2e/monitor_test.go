@@ -1,0 +1,300 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/external"
+	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/collections"
+
+	"github.com/cp-rollout/cp-rollout/etcd"
+)
+
+// monitor watches a scenario from the outside, every 100 ms, and records every
+// breach of the invariants a rollout must keep:
+//   - never more than maxMachines control-plane machines;
+//   - the last control-plane machine is never deleted;
+//   - voting etcd members never fall below quorum of the current membership,
+//     nor below minHealthy healthy voters;
+//   - no machine starts deleting while its member leads;
+//   - no machine's infrastructure starts deleting while its member is listed.
+type monitor struct {
+	e                       *env
+	maxMachines, minHealthy int
+
+	mu         sync.Mutex
+	breaches   []string
+	peak       int
+	lowHealthy int
+	deleting   map[string]bool // machines seen deleting
+	infraGoing map[string]bool // machines whose InfraMachine was seen deleting
+	samples    int
+	etcd       *etcd.Client
+	stop       context.CancelFunc
+	done       chan struct{}
+}
+
+func watchInvariants(t *testing.T, e *env, maxMachines, minHealthy int) *monitor {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	if err := e.sim.ManagementClient().Get(ctx, e.sim.KCPKey(), kcp); err != nil {
+		t.Fatal(err)
+	}
+	creds, err := etcd.LoadCredentials(ctx, e.sim.ManagementClient(), e.sim.ClusterKey(), kcp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dialer, err := etcd.NewDirectDialer("https://{{.NodeIP}}:2379")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ec, err := etcd.New(etcd.Config{Dialer: dialer, Credentials: creds, DialTimeout: time.Second, CallTimeout: 2 * time.Second, Attempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &monitor{e: e, maxMachines: maxMachines, minHealthy: minHealthy, lowHealthy: 1 << 30,
+		deleting: map[string]bool{}, infraGoing: map[string]bool{}, etcd: ec, stop: cancel, done: make(chan struct{})}
+	go m.run(ctx)
+	t.Cleanup(func() { m.halt(); _ = ec.Close() })
+	return m
+}
+
+func (m *monitor) breach(format string, a ...any) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.breaches = append(m.breaches, time.Now().Format("15:04:05.000")+" "+fmt.Sprintf(format, a...))
+}
+
+func (m *monitor) run(ctx context.Context) {
+	defer close(m.done)
+	for ctx.Err() == nil {
+		m.sample(ctx)
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (m *monitor) sample(ctx context.Context) {
+	c := m.e.sim.ManagementClient()
+	machines, err := m.e.sim.Machines(ctx)
+	if err != nil {
+		return // the management API server may be restarting in a fault scenario
+	}
+	var nodes []etcd.Node
+	for _, n := range m.e.sim.Nodes() {
+		if n.EtcdClientURL != "" {
+			nodes = append(nodes, etcd.Node{Name: n.Name, IP: n.IP})
+		}
+	}
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+	var members []etcd.Member
+	if len(nodes) > 0 {
+		members, _ = m.etcd.Members(ctx, nodes)
+	}
+
+	m.mu.Lock()
+	m.samples++
+	m.peak = max(m.peak, len(machines))
+	m.mu.Unlock()
+	if len(machines) > m.maxMachines {
+		m.breach("%d machines, at most %d allowed: %s", len(machines), m.maxMachines, names(machines))
+	}
+	alive := 0
+	for _, mc := range machines {
+		if mc.DeletionTimestamp.IsZero() {
+			alive++
+		}
+	}
+	if alive == 0 && len(machines) > 0 {
+		m.breach("every control-plane machine is deleting: %s", names(machines))
+	}
+
+	if members != nil {
+		voting, healthy := 0, 0
+		for _, mb := range members {
+			if mb.Voting() {
+				voting++
+				if mb.Healthy {
+					healthy++
+				}
+			}
+		}
+		if voting > 0 && healthy < voting/2+1 {
+			m.breach("etcd below quorum: %d of %d voting members healthy", healthy, voting)
+		}
+		if voting > 0 && healthy < m.minHealthy {
+			m.breach("only %d healthy voting etcd members, want at least %d", healthy, m.minHealthy)
+		}
+		m.mu.Lock()
+		m.lowHealthy = min(m.lowHealthy, healthy)
+		m.mu.Unlock()
+	}
+	member := func(node string) (etcd.Member, bool) {
+		for _, mb := range members {
+			if mb.Name == node && node != "" {
+				return mb, true
+			}
+		}
+		return etcd.Member{}, false
+	}
+	for i := range machines {
+		mc := &machines[i]
+		node := mc.Status.NodeRef.Name
+		if !mc.DeletionTimestamp.IsZero() && !m.seen(m.deleting, mc.Name) {
+			if mb, ok := member(node); ok && mb.Leader {
+				m.breach("machine %s started deleting while its member %s leads", mc.Name, mb)
+			}
+		}
+		if !mc.DeletionTimestamp.IsZero() && node != "" && !m.infraGoing[mc.Name] {
+			infra, err := external.GetObjectFromContractVersionedRef(ctx, c, mc.Spec.InfrastructureRef, mc.Namespace)
+			if err == nil && infra.GetDeletionTimestamp() != nil && !m.seen(m.infraGoing, mc.Name) {
+				if mb, ok := member(node); ok && members != nil {
+					m.breach("InfraMachine of %s started deleting while its etcd member %s is still listed", mc.Name, mb)
+				}
+			}
+		}
+	}
+}
+
+// seen marks name in set and reports whether it was there already.
+func (m *monitor) seen(set map[string]bool, name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	was := set[name]
+	set[name] = true
+	return was
+}
+
+func (m *monitor) halt() {
+	m.stop()
+	<-m.done
+}
+
+// check stops the monitor and fails the test on any breach.
+func (m *monitor) check(t *testing.T) {
+	t.Helper()
+	m.halt()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t.Logf("monitor: %d samples, peak %d machines, lowest %d healthy voting members", m.samples, m.peak, m.lowHealthy)
+	if m.samples < 10 {
+		t.Errorf("monitor took only %d samples", m.samples)
+	}
+	for _, b := range m.breaches {
+		t.Errorf("invariant broken: %s", b)
+	}
+}
+
+func names(ms []clusterv1.Machine) string {
+	var out []string
+	for _, m := range ms {
+		s := m.Name
+		if !m.DeletionTimestamp.IsZero() {
+			s += "(deleting)"
+		}
+		out = append(out, s)
+	}
+	return strings.Join(out, ", ")
+}
+
+// assertConverged checks the end state: the KCP handed back, replicas machines
+// all up to date per KCP's own UpToDate, each with exactly one healthy voting
+// member named after its node, and no member without a machine.
+func assertConverged(t *testing.T, e *env, replicas int, version string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := e.sim.ManagementClient()
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	if err := c.Get(ctx, e.sim.KCPKey(), kcp); err != nil {
+		t.Fatal(err)
+	}
+	if _, paused := kcp.Annotations[clusterv1.PausedAnnotation]; paused {
+		t.Errorf("KCP still paused: %v", kcp.Annotations)
+	}
+	for k := range kcp.Annotations {
+		if strings.HasPrefix(k, "cp-rollout.") {
+			t.Errorf("KCP still carries %s", k)
+		}
+	}
+	if kcp.Spec.Version != version {
+		t.Errorf("KCP version %s, want %s", kcp.Spec.Version, version)
+	}
+	cluster := &clusterv1.Cluster{}
+	if err := c.Get(ctx, e.sim.ClusterKey(), cluster); err != nil {
+		t.Fatal(err)
+	}
+	machines, err := collections.GetFilteredMachinesForCluster(ctx, c, cluster, collections.ControlPlaneMachines(cluster.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if machines.Len() != replicas {
+		t.Errorf("%d machines, want %d", machines.Len(), replicas)
+	}
+	cp, err := pkg.NewControlPlane(ctx, nil, c, cluster, kcp, machines)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp.MachinesNotUpToDate.Len() > 0 {
+		t.Errorf("not up to date per KCP: %v", cp.MachinesNotUpToDate.Names())
+	}
+	members, err := e.sim.EtcdMembers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := map[string]int{}
+	for _, m := range machines {
+		if !m.DeletionTimestamp.IsZero() {
+			t.Errorf("machine %s still deleting", m.Name)
+		}
+		if m.Spec.Version != version {
+			t.Errorf("machine %s at %s, want %s", m.Name, m.Spec.Version, version)
+		}
+		nodes[m.Status.NodeRef.Name] = 0
+	}
+	for _, mb := range members {
+		if _, ok := nodes[mb.Name]; !ok {
+			t.Errorf("etcd member %q (%x) has no machine", mb.Name, mb.ID)
+			continue
+		}
+		nodes[mb.Name]++
+		if mb.IsLearner || !mb.Healthy {
+			t.Errorf("etcd member %s: learner=%v healthy=%v", mb.Name, mb.IsLearner, mb.Healthy)
+		}
+	}
+	for n, count := range nodes {
+		if count != 1 {
+			t.Errorf("node %s has %d etcd members, want 1", n, count)
+		}
+	}
+}
+
+// assertKCPIdle checks that the real KCP controller, in charge again, creates
+// and deletes no machine for the given time: the hand-back left it nothing to do.
+func assertKCPIdle(t *testing.T, e *env, d time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	before, err := e.sim.Machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		now, err := e.sim.Machines(ctx)
+		if err == nil && (names(now) != names(before)) {
+			t.Fatalf("KCP changed machines after hand-back: %s -> %s", names(before), names(now))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
