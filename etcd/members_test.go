@@ -80,6 +80,22 @@ func TestMoveLeaderToChosenMember(t *testing.T) {
 	if err := c.MoveLeader(ctx, tc.nodes, 0xdead); !errors.Is(err, etcd.ErrMemberNotFound) {
 		t.Fatalf("moving to an unknown member: %v", err)
 	}
+
+	// Forwarding leaves leadership alone unless the member leaving holds it.
+	first := leader
+	leader, follower := candidates[0], candidates[1]
+	if err := c.ForwardLeadership(ctx, tc.nodes, follower.ID, first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if now, _ := etcd.Leader(mustMembers(t, ctx, c, tc.nodes)); now.ID != leader.ID {
+		t.Fatalf("forwarding from follower %s moved leadership to %s", follower, now)
+	}
+	if err := c.ForwardLeadership(ctx, tc.nodes, leader.ID, follower.ID); err != nil {
+		t.Fatal(err)
+	}
+	if now, _ := etcd.Leader(mustMembers(t, ctx, c, tc.nodes)); now.ID != follower.ID {
+		t.Fatalf("forwarding from leader %s to %s: leader is %s", leader, follower, now)
+	}
 }
 
 func TestRemoveMemberGoneFromEveryList(t *testing.T) {

@@ -24,6 +24,20 @@ var (
 // current leader (etcd refuses it elsewhere); the target must be a healthy voting member.
 // It returns once the target reports itself leader.
 func (c *Client) MoveLeader(ctx context.Context, nodes []Node, to uint64) error {
+	return c.moveLeader(ctx, nodes, 0, to)
+}
+
+// ForwardLeadership moves leadership from member from to member to, and does nothing when
+// from is not the leader (any more), as KCP does before it removes a member: leadership
+// only moves when the member leaving holds it.
+func (c *Client) ForwardLeadership(ctx context.Context, nodes []Node, from, to uint64) error {
+	if from == 0 {
+		return errors.New("etcd: forward leadership: no member to forward from")
+	}
+	return c.moveLeader(ctx, nodes, from, to)
+}
+
+func (c *Client) moveLeader(ctx context.Context, nodes []Node, from, to uint64) error {
 	var err error
 	for attempt := 0; attempt < c.cfg.Attempts; attempt++ {
 		if attempt > 0 {
@@ -32,7 +46,7 @@ func (c *Client) MoveLeader(ctx context.Context, nodes []Node, to uint64) error 
 			}
 		}
 		var again bool
-		again, err = c.moveLeaderOnce(ctx, nodes, to)
+		again, err = c.moveLeaderOnce(ctx, nodes, from, to)
 		if err == nil || !again {
 			return err
 		}
@@ -40,12 +54,18 @@ func (c *Client) MoveLeader(ctx context.Context, nodes []Node, to uint64) error 
 	return err
 }
 
-// moveLeaderOnce resolves the leader afresh and asks it to step aside; again reports that
-// leadership changed underneath and a new attempt may succeed.
-func (c *Client) moveLeaderOnce(ctx context.Context, nodes []Node, to uint64) (again bool, err error) {
+// moveLeaderOnce resolves the leader afresh and asks it to step aside, if it is from (or
+// whoever it is, when from is 0); again reports that leadership changed underneath and a
+// new attempt may succeed.
+func (c *Client) moveLeaderOnce(ctx context.Context, nodes []Node, from, to uint64) (again bool, err error) {
 	members, _, err := c.members(ctx, nodes)
 	if err != nil {
 		return false, err
+	}
+	if from != 0 {
+		if leader, ok := Leader(members); ok && leader.ID != from {
+			return false, nil
+		}
 	}
 	target, ok := MemberByID(members, to)
 	switch {
