@@ -28,7 +28,10 @@ type connection struct {
 // connect builds the rollout engine for one cluster: an uncached management
 // client, the workload client from the cluster's kubeconfig Secret and an etcd
 // client with credentials minted from the cluster's etcd CA.
-func (c *connection) connect(ctx context.Context, flags *genericclioptions.ConfigFlags, reporter progress.Reporter) (*rollout.Engine, func(), error) {
+//
+// Verbs that change the control plane (change) also check the KCP controller's
+// version and start the watches the loop waits on; read-only verbs skip both.
+func (c *connection) connect(ctx context.Context, flags *genericclioptions.ConfigFlags, reporter progress.Reporter, change bool) (*rollout.Engine, func(), error) {
 	cfg, err := flags.ToRESTConfig()
 	if err != nil {
 		return nil, nil, exitcode.Usagef("management cluster: %v", err)
@@ -50,14 +53,16 @@ func (c *connection) connect(ctx context.Context, flags *genericclioptions.Confi
 		return nil, nil, err
 	}
 
-	version := c.KCPVersion
-	if version == "" {
-		if version, err = cp.KCPControllerVersion(ctx); err != nil {
+	if change {
+		version := c.KCPVersion
+		if version == "" {
+			if version, err = cp.KCPControllerVersion(ctx); err != nil {
+				return nil, nil, err
+			}
+		}
+		if err := controlplane.CheckKCPVersion(version); err != nil {
 			return nil, nil, err
 		}
-	}
-	if err := controlplane.CheckKCPVersion(version); err != nil {
-		return nil, nil, err
 	}
 
 	wl, err := workload.New(ctx, mgmt, c.Namespace, c.Cluster)
@@ -95,6 +100,9 @@ func (c *connection) connect(ctx context.Context, flags *genericclioptions.Confi
 		engine.Etcd = ec
 	}
 
+	if !change {
+		return engine, cleanup, nil
+	}
 	watchCtx, stop := context.WithCancel(ctx)
 	closers = append(closers, stop)
 	engine.Changes, err = rollout.Watch(watchCtx, cfg, c.Namespace, c.Cluster, wl.Kube)

@@ -69,7 +69,7 @@ func (o *rolloutOptions) run(ctx context.Context, streams genericiooptions.IOStr
 	reporter := progress.New(o.Output, streams.Out, streams.ErrOut)
 	defer reporter.Stop()
 
-	engine, closeEngine, err := o.connect(ctx, o.Root.ConfigFlags, reporter)
+	engine, closeEngine, err := o.connect(ctx, o.Root.ConfigFlags, reporter, true)
 	if err != nil {
 		return err
 	}

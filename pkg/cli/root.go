@@ -85,6 +85,8 @@ control-plane machine, never lose etcd quorum).`,
 		NewCmdUpgrade(o),
 		NewCmdScale(o),
 		NewCmdReplace(o),
+		NewCmdStatus(o),
+		NewCmdHandback(o),
 		NewCmdVersion(streams),
 		NewCmdCompletion(streams),
 	)

@@ -162,3 +162,25 @@ func (l *Lock) Release(ctx context.Context) error {
 	}
 	return err
 }
+
+// BreakLock deletes the cluster's Lease when its holder is gone (the Lease
+// expired) or, with force, even while a holder renews it. It returns the
+// holder it removed, "" when there was no Lease.
+func (c *Client) BreakLock(ctx context.Context, force bool) (string, error) {
+	lease := &coordinationv1.Lease{}
+	if err := c.c.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: LeaseName(c.Cluster)}, lease); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", nil
+		}
+		return "", fmt.Errorf("reading Lease %s: %w", LeaseName(c.Cluster), err)
+	}
+	if Live(lease, time.Now()) && !force {
+		return "", exitcode.Lockedf("cluster %s/%s is locked by %s, a run that is still alive: stop it first (or pass --force if you are sure it is gone)",
+			c.Namespace, c.Cluster, Holder(lease))
+	}
+	err := c.c.Delete(ctx, lease, client.Preconditions{UID: &lease.UID, ResourceVersion: &lease.ResourceVersion})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return "", fmt.Errorf("deleting Lease %s: %w", LeaseName(c.Cluster), err)
+	}
+	return Holder(lease), nil
+}

@@ -1,0 +1,150 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"sigs.k8s.io/yaml"
+
+	"github.com/cp-rollout/cp-rollout/rollout"
+)
+
+// StatusOptions shows where a control plane stands.
+type StatusOptions struct {
+	connection
+	Root    *RootOptions
+	Output  string
+	Streams genericiooptions.IOStreams
+}
+
+// NewCmdStatus returns the status verb.
+func NewCmdStatus(root *RootOptions) *cobra.Command {
+	o := &StatusOptions{Root: root, Streams: root.Streams, Output: "text"}
+	cmd := &cobra.Command{
+		Use:   "status CLUSTER",
+		Short: "Show a control plane: KCP, lock, machines, etcd members and the next step",
+		Long: `Show the KubeadmControlPlane of CLUSTER (version, replicas, pause and this
+tool's operation record), who holds the lock, the control-plane machines and
+the etcd members, and the step a rollout would take next. Read-only: it takes
+no lock and works while a rollout runs.`,
+		Example: `  kubectl cp-rollout status prod-eu1
+  kubectl cp-rollout status prod-eu1 -o json | jq '.etcdMembers[] | select(.leader)'`,
+		Args: clusterArg,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.Cluster = args[0]
+			if err := oneOf("output", o.Output, "text", "wide", "json", "yaml"); err != nil {
+				return err
+			}
+			return o.Run(cmd)
+		},
+	}
+	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text, wide, json or yaml")
+	cmd.Flags().StringVar(&o.EtcdEndpoint, "etcd-endpoint", "", "Reach etcd members directly at this URL template, e.g. 'https://{{.NodeIP}}:2379' (default: port-forward through the workload API server)")
+	return cmd
+}
+
+// Run prints the status to stdout.
+func (o *StatusOptions) Run(cmd *cobra.Command) error {
+	engine, closeEngine, err := o.connect(cmd.Context(), o.Root.ConfigFlags, nil, false)
+	if err != nil {
+		return err
+	}
+	defer closeEngine()
+	st, err := engine.Status(cmd.Context())
+	if err != nil {
+		return err
+	}
+	switch o.Output {
+	case "json":
+		enc := json.NewEncoder(o.Streams.Out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	case "yaml":
+		raw, err := yaml.Marshal(st)
+		if err != nil {
+			return err
+		}
+		_, err = o.Streams.Out.Write(raw)
+		return err
+	}
+	return printStatus(o.Streams.Out, st, o.Output == "wide", time.Now())
+}
+
+func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	cp := st.ControlPlane
+	fmt.Fprintf(w, "CLUSTER\t%s/%s\n", st.Namespace, st.Cluster)
+	state := "active"
+	switch {
+	case cp.PausedByUs:
+		state = "paused by cp-rollout: " + st.Operation.String()
+	case cp.Paused:
+		state = "paused by someone else"
+	}
+	fmt.Fprintf(w, "CONTROL PLANE\t%s  %s  %d replicas  %s\n", cp.Name, cp.Version, cp.Replicas, state)
+	lock := "free"
+	if st.Lock != nil && st.Lock.Holder != "" {
+		lock = st.Lock.Holder
+		if st.Lock.RenewTime != nil {
+			lock += fmt.Sprintf(" (renewed %s ago)", now.Sub(*st.Lock.RenewTime).Round(time.Second))
+		}
+		if !st.Lock.Live {
+			lock += ", expired"
+		}
+	}
+	fmt.Fprintf(w, "LOCK\t%s\n", lock)
+	if st.Next != nil {
+		fmt.Fprintf(w, "NEXT\t%s: %s\n", st.Next.Action, st.Next.Reason)
+	}
+	fmt.Fprintln(w)
+
+	header := "MACHINE\tVERSION\tNODE\tFAILURE DOMAIN\tPHASE\tUP TO DATE\tDELETING\tAGE"
+	if wide {
+		header += "\tPROBLEM"
+	}
+	fmt.Fprintln(w, header)
+	for _, m := range st.Machines {
+		row := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%v\t%v\t%s", m.Name, m.Version, dash(m.Node), dash(m.FailureDomain),
+			dash(m.Phase), m.UpToDate, m.Deleting, now.Sub(m.Created).Round(time.Second))
+		if wide {
+			row += "\t" + dash(m.Problem)
+		}
+		fmt.Fprintln(w, row)
+	}
+	if st.EtcdManaged {
+		fmt.Fprintln(w)
+		header = "ETCD MEMBER\tID\tLEADER\tHEALTHY\tLEARNER\tDB SIZE\tALARMS"
+		if wide {
+			header += "\tVERSION\tERRORS"
+		}
+		fmt.Fprintln(w, header)
+		for _, m := range st.EtcdMembers {
+			row := fmt.Sprintf("%s\t%s\t%v\t%v\t%v\t%s\t%s", dash(m.Name), m.ID, m.Leader, m.Healthy, m.Learner,
+				resource.NewQuantity(m.DBSize, resource.BinarySI), dash(strings.Join(m.Alarms, ",")))
+			if wide {
+				row += "\t" + dash(m.Version) + "\t" + dash(strings.Join(m.Errors, "; "))
+			}
+			fmt.Fprintln(w, row)
+		}
+	} else {
+		fmt.Fprintln(w, "\nETCD\texternal (not managed by the control plane)")
+	}
+	for _, e := range st.Errors {
+		fmt.Fprintf(w, "\nWARNING\t%s\n", e)
+	}
+	return w.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

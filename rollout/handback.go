@@ -1,0 +1,69 @@
+package rollout
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"k8s.io/utils/ptr"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+// Handback ends this tool's ownership of the control plane: it removes a stale
+// lock (a live one only with force), then the pause and the operation record,
+// and returns what KCP will do now that it is in charge. A pause without our
+// record is someone else's and is refused, never removed.
+func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
+	cp, err := e.ControlPlane.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := controlplane.RecordOf(cp.KCP)
+	if err != nil {
+		return nil, err
+	}
+	if _, paused := cp.KCP.Annotations[clusterv1.PausedAnnotation]; paused && rec == nil {
+		return nil, exitcode.Unsafef("KubeadmControlPlane %s is paused by someone else (no %s record): this tool never removes a pause it did not set",
+			cp.KCP.Name, controlplane.RecordAnnotation)
+	}
+	var done []string
+	holder, err := e.ControlPlane.BreakLock(ctx, force)
+	if err != nil {
+		return nil, err
+	}
+	if holder != "" {
+		done = append(done, "released the lock held by "+holder)
+	}
+	if rec == nil {
+		done = append(done, "KubeadmControlPlane "+cp.KCP.Name+" carries no operation of this tool: nothing to hand back")
+		return done, nil
+	}
+	if err := e.ControlPlane.Resume(ctx, cp.KCP); err != nil {
+		return nil, err
+	}
+	done = append(done, fmt.Sprintf("unpaused KubeadmControlPlane %s and removed the record of %s", cp.KCP.Name, rec))
+
+	// What KCP faces now, in its own terms.
+	outdated, _ := cp.MachinesNeedingRollout()
+	want, have := int(ptr.Deref(cp.KCP.Spec.Replicas, 1)), cp.Machines.Filter(notDeleting).Len()
+	var todo []string
+	if outdated.Len() > 0 {
+		todo = append(todo, fmt.Sprintf("roll out %d outdated machine(s) (%s) to %s", outdated.Len(), strings.Join(outdated.Names(), ", "), cp.KCP.Spec.Version))
+	}
+	if want != have {
+		todo = append(todo, fmt.Sprintf("scale from %d to %d machines", have, want))
+	}
+	if d := Deleting(&Snapshot{CP: cp}); d.Len() > 0 {
+		todo = append(todo, "finish deleting "+strings.Join(d.Names(), ", "))
+	}
+	if len(todo) == 0 {
+		done = append(done, "KCP has nothing to do: every machine is up to date")
+	} else {
+		done = append(done, "KCP will now "+strings.Join(todo, ", and "))
+	}
+	return done, nil
+}

@@ -1,0 +1,145 @@
+package rollout
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+)
+
+// Status is where a control plane stands, as `status` shows it. Its JSON form
+// is a documented, stable interface: fields are only ever added.
+type Status struct {
+	Cluster      string               `json:"cluster"`
+	Namespace    string               `json:"namespace"`
+	ControlPlane ControlPlaneStatus   `json:"controlPlane"`
+	Lock         *LockStatus          `json:"lock"`
+	Machines     []MachineStatus      `json:"machines"`
+	EtcdManaged  bool                 `json:"etcdManaged"`
+	EtcdMembers  []MemberStatus       `json:"etcdMembers"`
+	Next         *NextStatus          `json:"next,omitempty"`
+	Errors       []string             `json:"errors,omitempty"`
+	Operation    *controlplane.Record `json:"operation"`
+}
+
+// ControlPlaneStatus describes the KubeadmControlPlane.
+type ControlPlaneStatus struct {
+	Name     string `json:"name"`
+	Version  string `json:"version"`
+	Replicas int32  `json:"replicas"`
+	Paused   bool   `json:"paused"`
+	// PausedByUs is true when the pause carries this tool's operation record.
+	PausedByUs bool `json:"pausedByUs"`
+}
+
+// LockStatus describes the cluster's Lease.
+type LockStatus struct {
+	Holder    string     `json:"holder"`
+	RenewTime *time.Time `json:"renewTime"`
+	Live      bool       `json:"live"`
+}
+
+// MachineStatus describes one control-plane machine.
+type MachineStatus struct {
+	Name          string    `json:"name"`
+	Version       string    `json:"version"`
+	Node          string    `json:"node"`
+	FailureDomain string    `json:"failureDomain"`
+	Phase         string    `json:"phase"`
+	UpToDate      bool      `json:"upToDate"`
+	Deleting      bool      `json:"deleting"`
+	Created       time.Time `json:"created"`
+	// Problem is what keeps the machine from being healthy, from live reads; "" when healthy.
+	Problem string `json:"problem,omitempty"`
+}
+
+// MemberStatus describes one etcd member.
+type MemberStatus struct {
+	Name    string   `json:"name"`
+	ID      string   `json:"id"`
+	Leader  bool     `json:"leader"`
+	Healthy bool     `json:"healthy"`
+	Learner bool     `json:"learner"`
+	DBSize  int64    `json:"dbSize"`
+	Version string   `json:"version,omitempty"`
+	Alarms  []string `json:"alarms"`
+	Errors  []string `json:"errors,omitempty"`
+}
+
+// NextStatus is the step the planner would take next towards the
+// KubeadmControlPlane's own spec.
+type NextStatus struct {
+	Action  string `json:"action"`
+	Machine string `json:"machine,omitempty"`
+	Reason  string `json:"reason"`
+}
+
+// Status reads the control plane without changing anything and without the
+// lock, so it works while a rollout runs. The management cluster must answer;
+// what the workload cluster or etcd cannot tell is listed in Errors.
+func (e *Engine) Status(ctx context.Context) (*Status, error) {
+	cp, err := e.ControlPlane.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := controlplane.RecordOf(cp.KCP)
+	if err != nil {
+		return nil, err
+	}
+	_, paused := cp.KCP.Annotations[clusterv1.PausedAnnotation]
+	st := &Status{
+		Cluster: cp.Cluster.Name, Namespace: cp.Cluster.Namespace, Operation: rec,
+		ControlPlane: ControlPlaneStatus{Name: cp.KCP.Name, Version: cp.KCP.Spec.Version,
+			Replicas: ptr.Deref(cp.KCP.Spec.Replicas, 1), Paused: paused, PausedByUs: paused && rec != nil},
+		Machines: []MachineStatus{}, EtcdMembers: []MemberStatus{},
+	}
+
+	lease := &coordinationv1.Lease{}
+	err = e.ControlPlane.Kube().Get(ctx, client.ObjectKey{Namespace: cp.Cluster.Namespace, Name: controlplane.LeaseName(cp.Cluster.Name)}, lease)
+	switch {
+	case err == nil:
+		st.Lock = &LockStatus{Holder: ptr.Deref(lease.Spec.HolderIdentity, ""), Live: controlplane.Live(lease, time.Now())}
+		if lease.Spec.RenewTime != nil {
+			st.Lock.RenewTime = &lease.Spec.RenewTime.Time
+		}
+	case !apierrors.IsNotFound(err):
+		st.Errors = append(st.Errors, "reading the lock: "+err.Error())
+	}
+
+	s, readErr := e.Read(ctx)
+	if readErr != nil {
+		st.Errors = append(st.Errors, readErr.Error())
+		s = &Snapshot{Now: time.Now(), CP: cp}
+	}
+	st.EtcdManaged = s.EtcdManaged
+	for _, m := range s.CP.Machines.SortedByCreationTimestamp() {
+		ms := MachineStatus{
+			Name: m.Name, Version: m.Spec.Version, Node: nodeName(m), FailureDomain: m.Spec.FailureDomain,
+			Phase: m.Status.Phase, UpToDate: !s.CP.MachinesNotUpToDate.Has(m), Deleting: !m.DeletionTimestamp.IsZero(),
+			Created: m.CreationTimestamp.Time,
+		}
+		if readErr == nil && !ms.Deleting {
+			ms.Problem = Problem(s, m)
+		}
+		st.Machines = append(st.Machines, ms)
+	}
+	for _, m := range s.Members {
+		st.EtcdMembers = append(st.EtcdMembers, MemberStatus{
+			Name: m.Name, ID: fmt.Sprintf("%x", m.ID), Leader: m.Leader, Healthy: m.Healthy, Learner: m.Learner,
+			DBSize: m.DBSize, Version: m.Version, Alarms: append([]string{}, m.Alarms...), Errors: m.Errors,
+		})
+	}
+	if readErr == nil {
+		step := Next(ctx, s, Target{Replicas: Replicas(s), MaxSurge: 1})
+		st.Next = &NextStatus{Action: string(step.Action), Machine: machineName(step.Machine), Reason: step.Reason}
+	}
+	return st, nil
+}
