@@ -62,10 +62,9 @@ func (c *Client) moveLeaderOnce(ctx context.Context, nodes []Node, from, to uint
 	if err != nil {
 		return false, err
 	}
-	if from != 0 {
-		if leader, ok := Leader(members); ok && leader.ID != from {
-			return false, nil
-		}
+	leader, hasLeader := Leader(members)
+	if hasLeader && (leader.ID == to || from != 0 && leader.ID != from) {
+		return false, nil
 	}
 	target, ok := MemberByID(members, to)
 	switch {
@@ -76,12 +75,8 @@ func (c *Client) moveLeaderOnce(ctx context.Context, nodes []Node, from, to uint
 	case !target.Healthy:
 		return false, &MemberError{Op: "move leadership", Member: target.Name, ID: to, Node: target.Node, Err: fmt.Errorf("%w: %v", ErrUnhealthy, target.Errors)}
 	}
-	leader, ok := Leader(members)
-	if !ok {
+	if !hasLeader {
 		return true, &MemberError{Op: "move leadership", Member: target.Name, ID: to, Node: target.Node, Err: ErrNoLeader}
-	}
-	if leader.ID == to {
-		return false, nil
 	}
 	if leader.Node == "" {
 		return false, &MemberError{Op: "move leadership", Member: leader.Name, ID: leader.ID, Err: fmt.Errorf("leader cannot be reached: %v", leader.Errors)}
