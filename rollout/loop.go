@@ -308,6 +308,12 @@ func (e *Engine) serveCleanupHook(ctx context.Context, s *Snapshot, m *clusterv1
 		}
 		e.report("remove-member", m.Name, progress.Started, "removing etcd member "+member.String(), began)
 		if err := e.Etcd.RemoveMember(ctx, EtcdNodes(s), member.ID); err != nil {
+			if errors.Is(err, etcd.ErrIsLeader) {
+				// Leadership came back by election since it was moved; the next
+				// pass reads again and moves it once more.
+				e.report("remove-member", m.Name, progress.Waiting, "its member leads again; moving leadership once more", began)
+				return nil
+			}
 			var qe *etcd.QuorumError
 			if errors.As(err, &qe) {
 				return exitcode.New(exitcode.Unsafe, err)

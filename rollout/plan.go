@@ -134,6 +134,9 @@ func remove(ctx context.Context, s *Snapshot, outdated collections.Machines, why
 	if IsLast(s, victim) {
 		return refuse(exitcode.Unsafef("machine %s is the last control-plane machine: it is never deleted", victim.Name))
 	}
+	if err := SafeToStop(s, victim); err != nil {
+		return refuse(err)
+	}
 	if err := SafeToRemove(s, victim); err != nil {
 		return refuse(err)
 	}

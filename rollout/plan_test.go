@@ -227,3 +227,41 @@ func TestHealthyNamesOrphanMember(t *testing.T) {
 		t.Fatalf("orphan member: %v", err)
 	}
 }
+
+func TestPlan(t *testing.T) {
+	old := machineSpec{outdated: true}
+	cases := []struct {
+		name string
+		s    *Snapshot
+		t    Target
+		want string
+	}{
+		{"surge 1", world(old, old, old), Target{Replicas: 3, MaxSurge: 1},
+			"create, delete m0, create, delete m1, create, delete m2"},
+		{"surge 0", world(old, old, old), Target{Replicas: 3, MaxSurge: 0},
+			"delete m0, create, delete m1, create, delete m2, create"},
+		{"scale up", world(machineSpec{}, machineSpec{}, machineSpec{}), Target{Replicas: 5, MaxSurge: 1}, "create, create"},
+		{"scale down", world(machineSpec{}, machineSpec{}, machineSpec{}, machineSpec{}, machineSpec{}), Target{Replicas: 3, MaxSurge: 1}, "delete m0, delete m1"},
+		{"resume with a replacement in flight", world(old, old, old, machineSpec{noNode: true}), Target{Replicas: 3, MaxSurge: 1},
+			"await-join m3, delete m0, create, delete m1, create, delete m2"},
+		{"resume with a deletion in flight", world(old, old, machineSpec{outdated: true, deleting: true}, machineSpec{}), Target{Replicas: 3, MaxSurge: 1},
+			"await-deletion m2, create, delete m0, create, delete m1"},
+		{"refusal ends the plan", world(old, machineSpec{outdated: true, unhealthy: true}, old), Target{Replicas: 3, MaxSurge: 1}, "refuse"},
+		{"nothing to do", world(machineSpec{}, machineSpec{}, machineSpec{}), Target{Replicas: 3, MaxSurge: 1}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(tc.s.CP.Machines)
+			var got []string
+			for _, step := range Plan(context.Background(), tc.s, tc.t) {
+				got = append(got, strings.TrimSpace(string(step.Action)+" "+machineName(step.Machine)))
+			}
+			if strings.Join(got, ", ") != tc.want {
+				t.Fatalf("plan %q, want %q", strings.Join(got, ", "), tc.want)
+			}
+			if len(tc.s.CP.Machines) != before {
+				t.Fatal("planning changed the snapshot it was given")
+			}
+		})
+	}
+}

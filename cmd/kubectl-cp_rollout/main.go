@@ -36,6 +36,9 @@ func run() int {
 	if ctx.Err() != nil {
 		code = exitcode.Interrupted
 	}
+	if code == cli.PendingExitCode {
+		return code // `plan --exit-code`: the plan on stdout says it all
+	}
 	fmt.Fprintf(os.Stderr, "error: %v\n", err)
 	if code == exitcode.Usage {
 		fmt.Fprintln(os.Stderr, "Run 'kubectl cp-rollout --help' for usage.")

@@ -23,6 +23,7 @@ type rolloutOptions struct {
 	Timeout  time.Duration
 	Timeouts rollout.Timeouts
 	Output   string
+	DryRun   bool
 }
 
 func (o *rolloutOptions) addFlags(cmd *cobra.Command) {
@@ -38,6 +39,7 @@ func (o *rolloutOptions) addFlags(cmd *cobra.Command) {
 	f.DurationVar(&o.Timeouts.Settle, "settle", 0, "Pause after each new machine turns healthy, before the next step")
 	f.StringVarP(&o.Output, "output", "o", o.Output, "Progress format: text (spinner on a terminal, timestamped lines otherwise) or json (JSON Lines events on stdout)")
 	f.StringVar(&o.EtcdEndpoint, "etcd-endpoint", "", "Reach etcd members directly at this URL template, e.g. 'https://{{.NodeIP}}:2379' (default: port-forward through the workload API server)")
+	f.BoolVar(&o.DryRun, "dry-run", false, "Print the plan (as the plan verb does) and change nothing")
 	f.StringVar(&o.KCPVersion, "kcp-version", "", "The KubeadmControlPlane controller's version, for custom installs where its Deployment cannot be found")
 }
 
@@ -60,6 +62,10 @@ func (o *rolloutOptions) validate() error {
 // run connects, checks the request and runs it, reporting progress.
 func (o *rolloutOptions) run(ctx context.Context, streams genericiooptions.IOStreams, r rollout.Request) error {
 	r.MaxSurge = o.MaxSurge
+	if o.DryRun {
+		_, err := o.plan(ctx, streams.Out, r)
+		return err
+	}
 	if o.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, o.Timeout,

@@ -1,0 +1,146 @@
+package rollout
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/workload"
+)
+
+// maxPlannedSteps bounds a projection; a real plan has a few steps per machine.
+const maxPlannedSteps = 200
+
+// Plan projects the steps the loop would take from s towards t: it asks Next,
+// applies the step's expected outcome to a copy of the snapshot (a new machine
+// joins healthy, a deleted machine and its member go, leadership moves to the
+// first candidate), and asks again — so a plan is what the loop decides, not a
+// second implementation of it. It stops at Done or at a refusal, which it
+// includes.
+func Plan(ctx context.Context, s *Snapshot, t Target) []Step {
+	s = s.clone()
+	var steps []Step
+	for n := 0; n < maxPlannedSteps; n++ {
+		step := Next(ctx, s, t)
+		if step.Action == Done {
+			return steps
+		}
+		steps = append(steps, step)
+		switch step.Action {
+		case Refuse:
+			return steps
+		case Create:
+			s.join(fmt.Sprintf("new-%d", n+1), step.FailureDomain)
+		case AwaitJoin:
+			s.heal(step.Machine)
+		case Delete, ServeCleanupHook, AwaitDeletion:
+			s.remove(step.Machine)
+		}
+	}
+	return steps
+}
+
+// clone copies what a projection changes; machines themselves are only ever
+// replaced, never mutated.
+func (s *Snapshot) clone() *Snapshot {
+	c := *s
+	cp := *s.CP
+	cp.Machines = s.CP.Machines.Filter() // a new set holding the same machines
+	cp.MachinesNotUpToDate = s.CP.MachinesNotUpToDate.Filter()
+	cp.InfraResources = map[string]*unstructured.Unstructured{}
+	for k, v := range s.CP.InfraResources {
+		cp.InfraResources[k] = v
+	}
+	cp.KubeadmConfigs = map[string]*bootstrapv1.KubeadmConfig{}
+	for k, v := range s.CP.KubeadmConfigs {
+		cp.KubeadmConfigs[k] = v
+	}
+	c.CP = &cp
+	c.Nodes = map[string]workload.Node{}
+	for k, v := range s.Nodes {
+		c.Nodes[k] = v
+	}
+	c.Members = append([]etcd.Member{}, s.Members...)
+	return &c
+}
+
+// join adds an up-to-date machine that has become healthy.
+func (s *Snapshot) join(name, failureDomain string) {
+	// Newer than every machine, as a real replacement would be.
+	created := s.Now
+	if newest := s.CP.Machines.Newest(); newest != nil && !newest.CreationTimestamp.Before(&metav1.Time{Time: created}) {
+		created = newest.CreationTimestamp.Add(time.Second)
+	}
+	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.CP.Cluster.Namespace,
+		CreationTimestamp: metav1.NewTime(created)}}
+	m.Spec.Version = s.CP.KCP.Spec.Version
+	m.Spec.FailureDomain = failureDomain
+	s.CP.Machines.Insert(m)
+	s.CP.InfraResources[name] = &unstructured.Unstructured{}
+	s.CP.KubeadmConfigs[name] = &bootstrapv1.KubeadmConfig{}
+	s.heal(m)
+}
+
+// heal gives m a Ready node with Ready static pods and a healthy voting member.
+func (s *Snapshot) heal(m *clusterv1.Machine) {
+	node := nodeName(m)
+	if node == "" {
+		fresh := m.DeepCopy()
+		fresh.Status.NodeRef = clusterv1.MachineNodeReference{Name: "node-of-" + m.Name}
+		s.CP.Machines.Insert(fresh)
+		m, node = fresh, fresh.Status.NodeRef.Name
+	}
+	pods := map[string]bool{}
+	for _, c := range components(s) {
+		pods[c] = true
+	}
+	s.Nodes[node] = workload.Node{Name: node, Found: true, Ready: true, Pods: pods}
+	if !s.EtcdManaged {
+		return
+	}
+	// Its member is the one named after its node or, while it has not
+	// started, the unnamed one; either way it ends up named, voting, healthy.
+	i := slices.IndexFunc(s.Members, func(member etcd.Member) bool { return member.Name == node })
+	if i < 0 {
+		i = slices.IndexFunc(s.Members, func(member etcd.Member) bool { return !member.Started() })
+	}
+	if i >= 0 {
+		s.Members[i] = etcd.Member{ID: s.Members[i].ID, Name: node, Healthy: true, Leader: s.Members[i].Leader}
+		return
+	}
+	var id uint64 = 1
+	for _, member := range s.Members {
+		id = max(id, member.ID+1)
+	}
+	s.Members = append(s.Members, etcd.Member{ID: id, Name: node, Healthy: true})
+}
+
+// remove takes m, its node and its member away, moving leadership first.
+func (s *Snapshot) remove(m *clusterv1.Machine) {
+	if Leads(s, m) {
+		if next := LeaderCandidates(s, m); len(next) > 0 {
+			for i := range s.Members {
+				s.Members[i].Leader = s.Members[i].ID == next[0].ID
+			}
+		}
+	}
+	node := nodeName(m)
+	for i, member := range s.Members {
+		if node != "" && member.Name == node {
+			s.Members = append(s.Members[:i], s.Members[i+1:]...)
+			break
+		}
+	}
+	delete(s.Nodes, node)
+	kept := s.CP.Machines.Filter(func(o *clusterv1.Machine) bool { return o != nil && o.Name != m.Name })
+	s.CP.Machines = kept
+	s.CP.MachinesNotUpToDate = s.CP.MachinesNotUpToDate.Filter(func(o *clusterv1.Machine) bool { return o != nil && o.Name != m.Name })
+}
