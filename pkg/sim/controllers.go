@@ -116,6 +116,7 @@ func (s *Sim) newCoreManager(ctx context.Context) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.shutdownOnStop(clusterCache)
 	if err := (&machine.Reconciler{
 		Client:                      mgr.GetClient(),
 		APIReader:                   mgr.GetAPIReader(),
@@ -150,6 +151,7 @@ func (s *Sim) newKCPManager(ctx context.Context) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.shutdownOnStop(clusterCache)
 	if err := (&kubeadmcontrolplane.Reconciler{
 		Client:                      mgr.GetClient(),
 		APIReader:                   mgr.GetAPIReader(),
@@ -166,4 +168,14 @@ func (s *Sim) newKCPManager(ctx context.Context) (ctrl.Manager, error) {
 		return nil, err
 	}
 	return mgr, nil
+}
+
+// shutdownOnStop arranges for a ClusterCache's workload-cluster caches to stop
+// with the simulator. Their watches outlive the manager (a controller process
+// simply exits), and the workload API server would wait a minute for them to
+// close before it stops. CAPI's own tests stop them the same way.
+func (s *Sim) shutdownOnStop(cc clustercache.ClusterCache) {
+	if sd, ok := cc.(interface{ Shutdown() }); ok {
+		s.shutdowns = append(s.shutdowns, sd.Shutdown)
+	}
 }

@@ -318,6 +318,27 @@ func (s *Sim) markClusterInitialized(ctx context.Context) error {
 	if err := s.mgmt.Status().Patch(ctx, cluster, patch); err != nil {
 		return fmt.Errorf("marking the Cluster initialized: %w", err)
 	}
+
+	// The Cluster controller also makes the Cluster an owner of its control
+	// plane and labels it; KCP waits for that owner reference.
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	if err := s.mgmt.Get(ctx, s.KCPKey(), kcp); err != nil {
+		return err
+	}
+	kcpPatch := client.MergeFrom(kcp.DeepCopy())
+	kcp.OwnerReferences = append(kcp.OwnerReferences, metav1.OwnerReference{
+		APIVersion: clusterv1.GroupVersion.String(),
+		Kind:       "Cluster",
+		Name:       cluster.Name,
+		UID:        cluster.UID,
+	})
+	if kcp.Labels == nil {
+		kcp.Labels = map[string]string{}
+	}
+	kcp.Labels[clusterv1.ClusterNameLabel] = cluster.Name
+	if err := s.mgmt.Patch(ctx, kcp, kcpPatch); err != nil {
+		return fmt.Errorf("making the Cluster own its KubeadmControlPlane: %w", err)
+	}
 	return nil
 }
 

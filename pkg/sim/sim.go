@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"sync"
 	"time"
 
@@ -116,6 +117,11 @@ type Sim struct {
 
 	provider *provider
 
+	shutdowns []func() // after the managers stop
+
+	restartMu sync.Mutex
+	restarted *exec.Cmd // the management API server after RestartManagementAPIServer
+
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	errMu    sync.Mutex
@@ -199,8 +205,16 @@ func (s *Sim) startClusters(ctx context.Context) error {
 		Scheme:                Scheme(),
 		CRDs:                  crdList,
 		ErrorIfCRDPathMissing: true,
+		// A loaded two-core machine can take longer than envtest's 20 s
+		// default to start or stop a kube-apiserver.
+		ControlPlaneStartTimeout: time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
 	}
-	s.workloadEnv = &envtest.Environment{BinaryAssetsDirectory: s.opts.AssetsDir}
+	s.workloadEnv = &envtest.Environment{
+		BinaryAssetsDirectory:    s.opts.AssetsDir,
+		ControlPlaneStartTimeout: time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
 	// envtest reads KUBEBUILDER_ASSETS before BinaryAssetsDirectory; both
 	// point at the same binaries when set, and AssetsDir already checked them.
 
@@ -260,17 +274,38 @@ func (s *Sim) Stop() error {
 			s.cancel()
 		}
 		s.wg.Wait()
+		for _, shutdown := range s.shutdowns {
+			shutdown()
+		}
 		if s.provider != nil {
 			s.provider.stopAll()
 		}
-		for _, env := range []*envtest.Environment{s.mgmtEnv, s.workloadEnv} {
+		if err := s.stopRestarted(); err != nil {
+			errs = append(errs, err)
+		}
+		// The two clusters stop in parallel: a kube-apiserver's graceful
+		// shutdown takes seconds on a loaded machine.
+		var envWG sync.WaitGroup
+		var envMu sync.Mutex
+		for i, env := range []*envtest.Environment{s.mgmtEnv, s.workloadEnv} {
 			if env == nil {
 				continue
 			}
-			if err := env.Stop(); err != nil {
-				errs = append(errs, err)
-			}
+			envWG.Add(1)
+			go func() {
+				defer envWG.Done()
+				began := time.Now()
+				defer func() {
+					s.opts.Log.Info("cluster stopped", "cluster", []string{"management", "workload"}[i], "took", time.Since(began).String())
+				}()
+				if err := env.Stop(); err != nil {
+					envMu.Lock()
+					errs = append(errs, err)
+					envMu.Unlock()
+				}
+			}()
 		}
+		envWG.Wait()
 		s.errMu.Lock()
 		errs = append(errs, s.errs...)
 		s.errMu.Unlock()
