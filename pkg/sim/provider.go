@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -210,17 +211,28 @@ func (p *provider) claimSlot(infraMachine, machine string) (*Node, time.Duration
 	if last == 0 {
 		return nil, pollInterval
 	}
-	ip := fmt.Sprintf("%s.%d", p.s.opts.addressPrefix(), last)
-	name := "ip-" + strings.ReplaceAll(ip, ".", "-")
-	n := &Node{
-		Name:       name,
-		Machine:    machine,
-		IP:         ip,
-		ProviderID: fmt.Sprintf("sim://%s/%s", p.s.opts.ClusterName, name),
-		slotSince:  time.Now(),
-	}
+	n := &Node{Machine: machine, slotSince: time.Now()}
+	p.setAddress(n, last)
 	p.nodes[infraMachine] = n
 	return n, 0
+}
+
+// moveAddress gives a node whose address is in use elsewhere a new address
+// and name; the old address stays marked used so it is not tried again.
+func (p *provider) moveAddress(n *Node) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	last := p.allocateIP()
+	if last == 0 {
+		return
+	}
+	p.setAddress(n, last)
+}
+
+func (p *provider) setAddress(n *Node, last int) {
+	n.IP = fmt.Sprintf("%s.%d", p.s.opts.addressPrefix(), last)
+	n.Name = "ip-" + strings.ReplaceAll(n.IP, ".", "-")
+	n.ProviderID = fmt.Sprintf("sim://%s/%s", p.s.opts.ClusterName, n.Name)
 }
 
 // allocateIP returns the next unused last octet, cycling through 2..254 so a
@@ -308,6 +320,16 @@ func (p *provider) provision(ctx context.Context, im *unstructured.Unstructured,
 	w := p.s.workload
 	version := machine.Spec.Version
 
+	// The member starts before anything names the node: when its address is
+	// taken by a process outside the simulator, the node moves to another
+	// address and name without leaving objects behind.
+	if err := p.startMember(ctx, n); err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use") {
+			p.moveAddress(n)
+		}
+		return err
+	}
+
 	node := &corev1.Node{}
 	err := w.Get(ctx, client.ObjectKey{Name: n.Name}, node)
 	if apierrors.IsNotFound(err) {
@@ -336,9 +358,6 @@ func (p *provider) provision(ctx context.Context, im *unstructured.Unstructured,
 	}
 
 	if err := p.ensureStaticPods(ctx, n, version); err != nil {
-		return err
-	}
-	if err := p.startMember(ctx, n); err != nil {
 		return err
 	}
 	if n.kubelet == nil {

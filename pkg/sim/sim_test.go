@@ -44,6 +44,10 @@ func testLogger() logr.Logger {
 	return ctrl.Log
 }
 
+// Tests give their simulators loopback addresses of their own (AddressPrefix)
+// because members use the fixed kubeadm ports and other packages' tests run
+// etcd members on 127.0.0.x at the same time.
+
 // startSim starts a simulator and stops it when the test ends. Missing
 // binaries fail the test: a skipped simulator proves nothing.
 func startSim(t *testing.T, opts sim.Options) *sim.Sim {
@@ -96,7 +100,7 @@ func eventually(t *testing.T, timeout time.Duration, what string, check func(ctx
 // deletion carried through by KCP once unpaused, KCP's replacement, and a
 // clean shutdown.
 func TestControlPlaneLifecycle(t *testing.T) {
-	s := startSim(t, sim.Options{Replicas: 3, ProvisionDelay: 500 * time.Millisecond, DeleteDelay: 200 * time.Millisecond})
+	s := startSim(t, sim.Options{Replicas: 3, ProvisionDelay: 500 * time.Millisecond, DeleteDelay: 200 * time.Millisecond, AddressPrefix: "127.77.0"})
 	ctx := context.Background()
 	c := s.ManagementClient()
 
@@ -267,7 +271,7 @@ func setKCPPaused(t *testing.T, c client.Client, key client.ObjectKey, paused bo
 // TestCapacityHoldsBackSurgeMachine: with every slot taken, an extra machine
 // stays unprovisioned until a slot frees.
 func TestCapacityHoldsBackSurgeMachine(t *testing.T) {
-	s := startSim(t, sim.Options{Replicas: 1, Capacity: 1, WithoutKCP: true, AddressPrefix: "127.0.1"})
+	s := startSim(t, sim.Options{Replicas: 1, Capacity: 1, WithoutKCP: true, AddressPrefix: "127.77.1"})
 	ctx := context.Background()
 	c := s.ManagementClient()
 	cluster := &clusterv1.Cluster{}
