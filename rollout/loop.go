@@ -153,7 +153,10 @@ func (e *Engine) Converge(ctx context.Context, t Target) error {
 
 		switch step.Action {
 		case Done:
-			e.Reporter.Summary(time.Since(start), e.times)
+			if e.Reporter != nil {
+				e.Reporter.Summary(progress.Event{Time: time.Now(), Cluster: e.ControlPlane.Cluster, Namespace: e.ControlPlane.Namespace,
+					Step: e.step, Total: max(e.Total, e.step), ElapsedMs: time.Since(start).Milliseconds()}, e.times)
+			}
 			return nil
 		case Refuse:
 			e.report("refuse", machineName(step.Machine), progress.Failed, step.Reason, time.Now())

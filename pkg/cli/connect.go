@@ -43,6 +43,9 @@ func (c *connection) connect(ctx context.Context, flags *genericclioptions.Confi
 		}
 		c.Namespace = ns
 	}
+	// A snapshot is a dozen reads; client-go's default of 5 requests a second
+	// would make every step wait on the client-side limiter.
+	cfg.QPS, cfg.Burst = 50, 100
 	mgmt, err := client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
 	if err != nil {
 		return nil, nil, fmt.Errorf("management cluster: %w", err)

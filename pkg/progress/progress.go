@@ -55,8 +55,9 @@ type StepTime struct {
 // Reporter receives a run's events.
 type Reporter interface {
 	Report(Event)
-	// Summary closes a run with each action's duration.
-	Summary(total time.Duration, steps []StepTime)
+	// Summary closes a run with each action's duration; run carries the
+	// event fields (time, cluster, namespace, elapsed) of the whole run.
+	Summary(run Event, steps []StepTime)
 	// Stop releases the terminal (stops a spinner).
 	Stop()
 }
@@ -92,18 +93,19 @@ func (r *jsonReporter) Report(e Event) {
 	_ = r.enc.Encode(e)
 }
 
-func (r *jsonReporter) Summary(total time.Duration, steps []StepTime) {
+// The summary is an event like the others (action "summary", phase "done",
+// elapsedMs the whole run) with the list of steps added.
+func (r *jsonReporter) Summary(run Event, steps []StepTime) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i := range steps {
 		steps[i].Ms = steps[i].Duration.Milliseconds()
 	}
+	run.Action, run.Phase = "summary", Done
 	_ = r.enc.Encode(struct {
-		Time    time.Time  `json:"time"`
-		Action  string     `json:"action"`
-		TotalMs int64      `json:"totalMs"`
-		Steps   []StepTime `json:"steps"`
-	}{time.Now(), "summary", total.Milliseconds(), steps})
+		Event
+		Steps []StepTime `json:"steps"`
+	}{run, steps})
 }
 
 func (r *jsonReporter) Stop() {}
@@ -127,8 +129,8 @@ func Text(e Event) string {
 	return b.String()
 }
 
-func summaryLines(total time.Duration, steps []StepTime) []string {
-	lines := []string{fmt.Sprintf("done in %s:", total.Round(100*time.Millisecond))}
+func summaryLines(run Event, steps []StepTime) []string {
+	lines := []string{fmt.Sprintf("done in %s:", (time.Duration(run.ElapsedMs) * time.Millisecond).Round(100*time.Millisecond))}
 	for _, s := range steps {
 		what := s.Action
 		if s.Machine != "" {
@@ -150,10 +152,10 @@ func (r *lineReporter) Report(e Event) {
 	fmt.Fprintf(r.w, "%s %s\n", e.Time.UTC().Format(time.RFC3339), Text(e))
 }
 
-func (r *lineReporter) Summary(total time.Duration, steps []StepTime) {
+func (r *lineReporter) Summary(run Event, steps []StepTime) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, l := range summaryLines(total, steps) {
+	for _, l := range summaryLines(run, steps) {
 		fmt.Fprintln(r.w, l)
 	}
 }
@@ -206,9 +208,9 @@ func (r *spinnerReporter) Report(e Event) {
 	fmt.Fprintf(r.w, " %s %s\n", mark, Text(e))
 }
 
-func (r *spinnerReporter) Summary(total time.Duration, steps []StepTime) {
+func (r *spinnerReporter) Summary(run Event, steps []StepTime) {
 	r.s.Stop()
-	for _, l := range summaryLines(total, steps) {
+	for _, l := range summaryLines(run, steps) {
 		fmt.Fprintln(r.w, l)
 	}
 }

@@ -8,10 +8,13 @@ package workload
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -41,6 +44,9 @@ func New(ctx context.Context, mgmt client.Reader, namespace, cluster string) (*C
 	if err != nil {
 		return nil, fmt.Errorf("workload cluster %s/%s: reading its kubeconfig Secret: %w", namespace, cluster, err)
 	}
+	// A rollout reads a handful of objects per step; client-go's default of 5
+	// requests a second would make every snapshot wait on the limiter.
+	cfg.QPS, cfg.Burst = 50, 100
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -96,15 +102,20 @@ func (c *Client) Nodes(ctx context.Context, names []string, components []string)
 				break
 			}
 		}
+		// One list per node rather than a get per pod: a snapshot is read before
+		// every step, and client-side rate limits make request counts visible.
+		pods, err := c.Kube.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("spec.nodeName", name).String(),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("workload cluster %s: listing static pods of node %s: %w", c.Name, name, err)
+		}
 		for _, comp := range components {
-			pod, err := c.Kube.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, comp+"-"+name, metav1.GetOptions{})
-			switch {
-			case apierrors.IsNotFound(err):
-				n.Pods[comp] = false
-			case err != nil:
-				return nil, fmt.Errorf("workload cluster %s: reading pod %s-%s: %w", c.Name, comp, name, err)
-			default:
-				n.Pods[comp] = podReady(pod)
+			n.Pods[comp] = false
+		}
+		for i := range pods.Items {
+			if comp, ok := strings.CutSuffix(pods.Items[i].Name, "-"+name); ok && slices.Contains(components, comp) {
+				n.Pods[comp] = podReady(&pods.Items[i])
 			}
 		}
 		out[name] = n
