@@ -16,13 +16,21 @@ GORELEASER_VER := v2.15.1
 GORELEASER     := $(CACHE_DIR)/tools/goreleaser-$(GORELEASER_VER)/goreleaser
 TEST_TIMEOUT   ?= 30m
 
-.PHONY: all build test envtest lint release-check clean
+.PHONY: all build demo sim test envtest lint release-check clean
 all: build
 
 build: ## bin/kubectl-cp_rollout, its kubectl completion helper, bin/cp-rollout-sim
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/kubectl-cp_rollout ./cmd/kubectl-cp_rollout
 	install -m 0755 cmd/kubectl_complete-cp_rollout/kubectl_complete-cp_rollout bin/
 	$(GO) build -o bin/cp-rollout-sim ./cmd/cp-rollout-sim
+
+demo: build ## upgrade a simulated 3-machine control plane from v1.35.2 to v1.36.3
+	hack/demo.sh
+
+sim: build ## run the simulator in the foreground for your own experiments
+	@echo "In another shell: export KUBECONFIG=$(CURDIR)/bin/sim.kubeconfig PATH=$(CURDIR)/bin:\$$PATH"
+	@echo "then: kubectl cp-rollout status demo"
+	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) bin/cp-rollout-sim up --kubeconfig-out bin/sim.kubeconfig
 
 # The simulator's kube-apiserver and etcd, built from the Go module proxy once
 # and cached outside the checkout (the first build takes about 7 minutes).
