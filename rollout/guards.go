@@ -222,24 +222,6 @@ func SafeToRemove(s *Snapshot, m *clusterv1.Machine) error {
 	return nil
 }
 
-// SafeToStop checks that etcd keeps quorum if m's member stops answering while
-// still a member — what deleting m risks until its member is removed at the
-// pre-terminate stage. With an even membership this is stricter than a
-// removal, so it gates the deletion itself.
-func SafeToStop(s *Snapshot, m *clusterv1.Machine) error {
-	if !s.EtcdManaged {
-		return nil
-	}
-	member, ok := MemberOf(s, m)
-	if !ok {
-		return nil
-	}
-	if p := etcd.Project(s.Members, etcd.Stop, member.ID); !p.Safe {
-		return exitcode.Unsafef("cannot delete machine %s: %s", m.Name, p.Reason())
-	}
-	return nil
-}
-
 // Leads reports whether m's etcd member is the leader.
 func Leads(s *Snapshot, m *clusterv1.Machine) bool {
 	member, ok := MemberOf(s, m)
@@ -311,10 +293,3 @@ func HasCleanupHook(m *clusterv1.Machine) bool {
 
 // notDeleting selects machines that are not being deleted.
 func notDeleting(m *clusterv1.Machine) bool { return m != nil && m.DeletionTimestamp.IsZero() }
-
-// machineNamed returns a Machine value usable as a set key by name.
-func machineNamed(name string) *clusterv1.Machine {
-	m := &clusterv1.Machine{}
-	m.Name = name
-	return m
-}

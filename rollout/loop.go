@@ -19,7 +19,7 @@ import (
 // Etcd is what the loop needs of etcd; *etcd.Client provides it.
 type Etcd interface {
 	Members(ctx context.Context, nodes []etcd.Node) ([]etcd.Member, error)
-	MoveLeader(ctx context.Context, nodes []etcd.Node, to uint64) error
+	ForwardLeadership(ctx context.Context, nodes []etcd.Node, from, to uint64) error
 	RemoveMember(ctx context.Context, nodes []etcd.Node, id uint64) error
 }
 
@@ -54,12 +54,16 @@ type Engine struct {
 	Etcd     Etcd
 	Changes  *Changes
 	Reporter progress.Reporter
+	// Lock, when set, is the run's Lease: every step first checks it is held.
+	Lock *controlplane.Lock
 	Timeouts Timeouts
 
 	// Total is the number of machine steps the run expects, for [k/n].
 	Total int
 	step  int
 	times []progress.StepTime
+
+	leaderRetries int
 }
 
 // Read takes one live snapshot: management cluster first, then the workload
@@ -69,7 +73,10 @@ func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Snapshot{Now: time.Now(), CP: cp, EtcdManaged: etcd.Managed(cp.KCP) && e.Etcd != nil}
+	s := &Snapshot{Now: time.Now(), CP: cp, EtcdManaged: etcd.Managed(cp.KCP)}
+	if s.EtcdManaged && e.Etcd == nil {
+		return nil, fmt.Errorf("KubeadmControlPlane %s manages etcd but no etcd client is configured", cp.KCP.Name)
+	}
 	var names []string
 	for _, m := range cp.Machines.SortedByCreationTimestamp() {
 		if n := nodeName(m); n != "" {
@@ -89,15 +96,25 @@ func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
 	return s, nil
 }
 
-// EtcdNodes lists the nodes etcd members can be reached on.
+// EtcdNodes lists the nodes etcd members can be reached on, in the order to
+// try them: newest machines first and deleting ones last, because the oldest
+// machine is usually the one leaving and its member the first to go.
 func EtcdNodes(s *Snapshot) []etcd.Node {
-	var nodes []etcd.Node
-	for _, m := range s.CP.Machines.SortedByCreationTimestamp() {
-		if n, ok := s.Nodes[nodeName(m)]; ok && n.Found {
+	var nodes, leaving []etcd.Node
+	sorted := s.CP.Machines.SortedByCreationTimestamp()
+	for i := len(sorted) - 1; i >= 0; i-- {
+		m := sorted[i]
+		n, ok := s.Nodes[nodeName(m)]
+		if !ok || !n.Found {
+			continue
+		}
+		if m.DeletionTimestamp.IsZero() {
 			nodes = append(nodes, etcd.Node{Name: n.Name, IP: n.InternalIP})
+		} else {
+			leaving = append(leaving, etcd.Node{Name: n.Name, IP: n.InternalIP})
 		}
 	}
-	return nodes
+	return append(nodes, leaving...)
 }
 
 // Converge runs the loop until the control plane matches t: read, decide,
@@ -105,11 +122,9 @@ func EtcdNodes(s *Snapshot) []etcd.Node {
 func (e *Engine) Converge(ctx context.Context, t Target) error {
 	start := time.Now()
 	var (
-		waiting   = map[string]time.Time{} // wait key → when it began
-		lastWait  string
-		readErr   error
-		readSince time.Time
-		joined    string // the machine whose join was last awaited
+		w         wait   // the wait in progress, if any
+		joined    string // the machine whose join is being awaited
+		joinSince time.Time
 	)
 	for {
 		if err := ctx.Err(); err != nil {
@@ -125,22 +140,22 @@ func (e *Engine) Converge(ctx context.Context, t Target) error {
 			}
 			// Unreachable API servers or etcd: retry on every change or second,
 			// up to the health timeout.
-			if readErr == nil {
-				readSince = time.Now()
-				e.report("read", "", progress.Waiting, err.Error(), readSince)
+			if w.begin("read", err.Error()) {
+				e.report("read", "", progress.Waiting, err.Error(), w.since)
 			}
-			readErr = err
-			if time.Since(readSince) > e.Timeouts.Health {
-				return exitcode.Timeoutf("could not read the control plane for %s: %v", e.Timeouts.Health, readErr)
+			if time.Since(w.since) > e.Timeouts.Health {
+				return exitcode.Timeoutf("could not read the control plane for %s: %v", e.Timeouts.Health, err)
 			}
 			e.Changes.Wait(ctx, etcdPoll)
 			continue
 		}
-		readErr = nil
+		if err := e.stillOurs(s); err != nil {
+			return err
+		}
 
 		step := Next(ctx, s, t)
 		if joined != "" && (step.Action != AwaitJoin || step.Machine.Name != joined) {
-			e.finish("wait-ready", joined, "healthy", waiting["join/"+joined])
+			e.finish("wait-ready", joined, "healthy", joinSince)
 			joined = ""
 			if e.Timeouts.Settle > 0 {
 				e.report("settle", "", progress.Started, "waiting "+e.Timeouts.Settle.String(), time.Now())
@@ -151,45 +166,90 @@ func (e *Engine) Converge(ctx context.Context, t Target) error {
 			}
 		}
 
-		switch step.Action {
-		case Done:
+		switch {
+		case step.Action == Done:
 			if e.Reporter != nil {
 				e.Reporter.Summary(progress.Event{Time: time.Now(), Cluster: e.ControlPlane.Cluster, Namespace: e.ControlPlane.Namespace,
 					Step: e.step, Total: max(e.Total, e.step), ElapsedMs: time.Since(start).Milliseconds()}, e.times)
 			}
 			return nil
-		case Refuse:
+		case step.Action == Refuse && step.Transient:
+			if w.begin("unhealthy/"+step.Machine.Name, step.Reason) {
+				e.report("unhealthy", step.Machine.Name, progress.Waiting, step.Reason+"; waiting up to "+unhealthyGrace.String()+" for it to recover", w.since)
+			}
+			if time.Since(w.since) > unhealthyGrace {
+				e.report("refuse", step.Machine.Name, progress.Failed, step.Reason, w.since)
+				return step.Err
+			}
+			e.Changes.Wait(ctx, etcdPoll)
+		case step.Action == Refuse:
 			e.report("refuse", machineName(step.Machine), progress.Failed, step.Reason, time.Now())
 			return step.Err
-		case AwaitJoin, AwaitDeletion:
+		case step.Action == AwaitJoin || step.Action == AwaitDeletion:
 			key, kind := waitKey(step)
-			since, ok := waiting[key]
-			if !ok {
-				since = time.Now()
-				waiting[key] = since
+			if w.begin(key, step.Reason) {
+				e.report(string(step.Action), step.Machine.Name, progress.Waiting, step.Reason, w.since)
 			}
-			if step.Action == AwaitJoin {
-				joined = step.Machine.Name
-				if _, ok := waiting["join/"+joined]; !ok {
-					waiting["join/"+joined] = since
-				}
+			if step.Action == AwaitJoin && joined != step.Machine.Name {
+				joined, joinSince = step.Machine.Name, w.since
 			}
-			limit := e.limit(kind)
-			if time.Since(since) > limit {
+			if limit := e.limit(kind); time.Since(w.since) > limit {
 				return exitcode.Timeoutf("timed out after %s %s; last seen: %s", limit, describeWait(step), step.Reason)
-			}
-			if msg := key + step.Reason; msg != lastWait {
-				lastWait = msg
-				e.report(string(step.Action), step.Machine.Name, progress.Waiting, step.Reason, since)
 			}
 			e.Changes.Wait(ctx, etcdPoll)
 		default:
-			lastWait = ""
+			w = wait{}
 			if err := e.execute(ctx, s, step); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// unhealthyGrace is how long the loop waits for a machine that was healthy
+// and went bad to recover before it refuses to go on: long enough for a
+// failed probe or a restarting static pod, short enough not to hide a fault.
+const unhealthyGrace = time.Minute
+
+// wait tracks the one wait in progress: its timeout runs from when its key
+// (what is awaited, for which machine) first appeared, and restarts when the
+// key changes.
+type wait struct {
+	key, reason string
+	since       time.Time
+}
+
+// begin records key as awaited and reports whether there is something new to
+// tell: a new wait, or a new reason within it.
+func (w *wait) begin(key, reason string) bool {
+	if w.key != key {
+		*w = wait{key: key, reason: reason, since: time.Now()}
+		return true
+	}
+	if w.reason != reason {
+		w.reason = reason
+		return true
+	}
+	return false
+}
+
+// stillOurs stops the run when the control plane is no longer in its hands:
+// the lock is lost or about to be, or someone removed the pause or our record
+// from the KubeadmControlPlane — acting on would race KCP itself.
+func (e *Engine) stillOurs(s *Snapshot) error {
+	if e.Lock == nil {
+		return nil
+	}
+	if err := e.Lock.Held(); err != nil {
+		return err
+	}
+	_, paused := s.CP.KCP.Annotations[clusterv1.PausedAnnotation]
+	_, recorded := s.CP.KCP.Annotations[controlplane.RecordAnnotation]
+	if !paused || !recorded {
+		return exitcode.Unsafef("KubeadmControlPlane %s was unpaused or lost this tool's record during the run (someone ran handback, or a GitOps sync reverted it): stopping so as not to race KCP",
+			s.CP.KCP.Name)
+	}
+	return nil
 }
 
 // wait kinds, resolved to durations by limit.
@@ -296,11 +356,15 @@ func (e *Engine) stepDeleted() bool {
 // member if needed, remove the member, then release it.
 func (e *Engine) serveCleanupHook(ctx context.Context, s *Snapshot, m *clusterv1.Machine) error {
 	began := time.Now()
+	if !IsLast(s, m) {
+		// What stays must be healthy, whatever the etcd mode (KCP checks the
+		// remaining control-plane components before releasing any machine).
+		if err := Healthy(s, m); err != nil {
+			return fmt.Errorf("not releasing machine %s: %w", m.Name, err)
+		}
+	}
 	member, hasMember := MemberOf(s, m)
 	if !IsLast(s, m) && s.EtcdManaged && hasMember {
-		if err := Healthy(s, m); err != nil {
-			return fmt.Errorf("not removing the etcd member of machine %s: %w", m.Name, err)
-		}
 		if err := SafeToRemove(s, m); err != nil {
 			return err
 		}
@@ -311,9 +375,10 @@ func (e *Engine) serveCleanupHook(ctx context.Context, s *Snapshot, m *clusterv1
 		}
 		e.report("remove-member", m.Name, progress.Started, "removing etcd member "+member.String(), began)
 		if err := e.Etcd.RemoveMember(ctx, EtcdNodes(s), member.ID); err != nil {
-			if errors.Is(err, etcd.ErrIsLeader) {
+			if errors.Is(err, etcd.ErrIsLeader) && e.leaderRetries < maxLeaderRetries {
 				// Leadership came back by election since it was moved; the next
 				// pass reads again and moves it once more.
+				e.leaderRetries++
 				e.report("remove-member", m.Name, progress.Waiting, "its member leads again; moving leadership once more", began)
 				return nil
 			}
@@ -323,6 +388,7 @@ func (e *Engine) serveCleanupHook(ctx context.Context, s *Snapshot, m *clusterv1
 			}
 			return fmt.Errorf("removing etcd member %s of machine %s: %w", member, m.Name, err)
 		}
+		e.leaderRetries = 0
 		e.finish("remove-member", m.Name, "etcd member "+member.String()+" removed", began)
 	}
 	if err := e.ControlPlane.RemoveCleanupHook(ctx, m); err != nil {
@@ -331,6 +397,10 @@ func (e *Engine) serveCleanupHook(ctx context.Context, s *Snapshot, m *clusterv1
 	e.report("release", m.Name, progress.Done, "pre-terminate hook removed; the Machine controller finishes the deletion", began)
 	return nil
 }
+
+// maxLeaderRetries bounds how often a member that keeps winning elections back
+// is chased before the run gives up on removing it.
+const maxLeaderRetries = 5
 
 // moveLeader moves etcd leadership off m's member to the best candidate, and
 // on failure to the next.
@@ -344,7 +414,8 @@ func (e *Engine) moveLeader(ctx context.Context, s *Snapshot, m *clusterv1.Machi
 	var errs []string
 	for _, to := range candidates {
 		e.report("move-leader", m.Name, progress.Started, fmt.Sprintf("moving etcd leadership from %s to %s", from, to), began)
-		err := e.Etcd.MoveLeader(ctx, EtcdNodes(s), to.ID)
+		// ForwardLeadership moves it only if from still leads, as KCP does.
+		err := e.Etcd.ForwardLeadership(ctx, EtcdNodes(s), from.ID, to.ID)
 		if err == nil {
 			e.finish("move-leader", m.Name, "etcd leader is now "+to.String(), began)
 			return nil

@@ -45,6 +45,9 @@ type Step struct {
 	Reason string
 	// Err explains a Refuse, marked with its exit code.
 	Err error
+	// Transient marks a Refuse caused by a machine's health, which may
+	// recover by itself: the loop waits on it a while before it gives up.
+	Transient bool
 }
 
 // Next decides the one next step for s towards t. It is pure: it reads only s
@@ -58,6 +61,13 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		return refuse(err)
 	}
 	if deleting := Deleting(s); deleting.Len() > 0 {
+		// As KCP does: a deleting machine without the kcp-cleanup hook goes
+		// first — its member may stop without being removed, so no other
+		// member may be removed until it is gone.
+		if unhooked := deleting.Filter(collections.Not(HasCleanupHook)); unhooked.Len() > 0 {
+			m := unhooked.OldestDeletionTimestamp()
+			return Step{Action: AwaitDeletion, Machine: m, Reason: deletionReason(m)}
+		}
 		m := deleting.OldestDeletionTimestamp()
 		if WaitingForCleanup(m) {
 			return Step{Action: ServeCleanupHook, Machine: m,
@@ -67,15 +77,28 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	}
 
 	machines := s.CP.Machines
+	if machines.Len() == 0 {
+		// KCP would create the first machine with an init configuration; a
+		// rollout only ever joins machines to a running control plane.
+		return refuse(exitcode.Unsafef("cluster %s has no control-plane machine to roll", s.CP.Cluster.Name))
+	}
+	if t.Version != "" && s.CP.KCP.Spec.Version != t.Version {
+		return refuse(exitcode.Unsafef("KubeadmControlPlane %s asks for %s, not %s: someone changed it during the run",
+			s.CP.KCP.Name, s.CP.KCP.Spec.Version, t.Version))
+	}
 	for _, m := range machines.SortedByCreationTimestamp() {
-		if Problem(s, m) == "" {
+		p := Problem(s, m)
+		if p == "" {
 			continue
 		}
-		upToDate := !s.CP.MachinesNotUpToDate.Has(m)
-		if upToDate && Joining(s, m) {
-			return Step{Action: AwaitJoin, Machine: m, Reason: Problem(s, m)}
+		if !s.CP.MachinesNotUpToDate.Has(m) && Joining(s, m) {
+			return Step{Action: AwaitJoin, Machine: m, Reason: p}
 		}
-		return refuse(exitcode.Unsafef("%s", Problem(s, m)))
+		// A machine that was up and went bad may recover (a failed probe, a
+		// restarting pod); the loop waits a little before it gives up.
+		step := refuse(exitcode.Unsafef("%s", p))
+		step.Machine, step.Transient = m, true
+		return step
 	}
 	if err := Healthy(s); err != nil {
 		return refuse(err)
@@ -134,9 +157,6 @@ func remove(ctx context.Context, s *Snapshot, outdated collections.Machines, why
 	if IsLast(s, victim) {
 		return refuse(exitcode.Unsafef("machine %s is the last control-plane machine: it is never deleted", victim.Name))
 	}
-	if err := SafeToStop(s, victim); err != nil {
-		return refuse(err)
-	}
 	if err := SafeToRemove(s, victim); err != nil {
 		return refuse(err)
 	}
@@ -150,7 +170,9 @@ func remove(ctx context.Context, s *Snapshot, outdated collections.Machines, why
 // among those, the failure domain with the most machines (machines outside
 // the current failure domains first), and there the oldest machine.
 // "Unhealthy components" is the tool's live Problem: KCP's own Machine
-// conditions are frozen while it is paused.
+// conditions are frozen while it is paused. (Next only deletes when every
+// machine is healthy, so that branch matters only to callers that pass an
+// unhealthy control plane; it is kept so the order stays KCP's.)
 func Victim(ctx context.Context, s *Snapshot, outdated collections.Machines) (*clusterv1.Machine, error) {
 	unhealthy := func(m *clusterv1.Machine) bool { return m != nil && Problem(s, m) != "" }
 	var eligible collections.Machines

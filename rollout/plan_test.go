@@ -150,6 +150,11 @@ func TestNext(t *testing.T) {
 		{name: "replace deletes the named machine after the surge", s: world(cur, cur, cur, cur), t: Target{Replicas: 3, MaxSurge: 1, Replace: "m1"}, action: Delete, machine: "m1"},
 		{name: "the last machine is never deleted", s: world(old), t: Target{Replicas: 1, MaxSurge: 0}, action: Refuse, code: exitcode.Unsafe, says: "last control-plane machine"},
 		{name: "one replica surges", s: world(old), t: Target{Replicas: 1, MaxSurge: 1}, action: Create},
+		{name: "one replica: after the surge the old one goes", s: world(machineSpec{outdated: true, leader: true}, cur), t: Target{Replicas: 1, MaxSurge: 1}, action: Delete, machine: "m0"},
+		{name: "a deleting machine without the hook goes before any hook is served",
+			s: world(machineSpec{outdated: true, deleting: true, preTermOK: true}, machineSpec{outdated: true, deleting: true, noHook: true}, cur), t: upgrade, action: AwaitDeletion, machine: "m1"},
+		{name: "a KCP version changed by someone else stops the run", s: world(cur, cur, cur), t: Target{Replicas: 3, MaxSurge: 1, Version: "v1.37.0"}, action: Refuse, code: exitcode.Unsafe, says: "someone changed it"},
+		{name: "no machine at all is refused", s: world(), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "no control-plane machine"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -246,7 +251,9 @@ func TestPlan(t *testing.T) {
 			"await-join m3, delete m0, create, delete m1, create, delete m2"},
 		{"resume with a deletion in flight", world(old, old, machineSpec{outdated: true, deleting: true}, machineSpec{}), Target{Replicas: 3, MaxSurge: 1},
 			"await-deletion m2, create, delete m0, create, delete m1"},
-		{"refusal ends the plan", world(old, machineSpec{outdated: true, unhealthy: true}, old), Target{Replicas: 3, MaxSurge: 1}, "refuse"},
+		{"refusal ends the plan", world(old, machineSpec{outdated: true, unhealthy: true}, old), Target{Replicas: 3, MaxSurge: 1}, "refuse m1"},
+		{"one replica", world(old), Target{Replicas: 1, MaxSurge: 1}, "create, delete m0"},
+		{"scale 3 to 1", world(machineSpec{}, machineSpec{}, machineSpec{}), Target{Replicas: 1, MaxSurge: 1}, "delete m0, delete m1"},
 		{"nothing to do", world(machineSpec{}, machineSpec{}, machineSpec{}), Target{Replicas: 3, MaxSurge: 1}, ""},
 	}
 	for _, tc := range cases {

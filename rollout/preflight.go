@@ -22,8 +22,9 @@ type Request struct {
 	Operation string
 	Version   string
 	Replicas  *int32
-	MaxSurge  int32
-	Replace   string
+	// MaxSurge is 0 or 1; negative means the KubeadmControlPlane's own.
+	MaxSurge int32
+	Replace  string
 }
 
 // TargetString is the request's target for records and messages.
@@ -108,6 +109,9 @@ func Desired(ctx context.Context, s *Snapshot, r Request) (*controlplanev1.Kubea
 		}
 		want.Spec.Replicas = r.Replicas
 	}
+	if r.MaxSurge < 0 {
+		r.MaxSurge = KCPMaxSurge(old)
+	}
 	if r.MaxSurge == 0 && ptr.Deref(want.Spec.Replicas, 1) < 3 {
 		return nil, exitcode.Usagef("--max-surge 0 needs at least 3 replicas (this control plane has %d): deleting first would leave too few machines",
 			ptr.Deref(want.Spec.Replicas, 1))
@@ -118,7 +122,20 @@ func Desired(ctx context.Context, s *Snapshot, r Request) (*controlplanev1.Kubea
 	return want, nil
 }
 
-// TargetFor turns a checked request into the loop's target.
+// KCPMaxSurge is the surge KCP itself would use: its rollout strategy's
+// maxSurge, 1 when unset.
+func KCPMaxSurge(kcp *controlplanev1.KubeadmControlPlane) int32 {
+	if ms := kcp.Spec.Rollout.Strategy.RollingUpdate.MaxSurge; ms != nil {
+		return int32(ms.IntValue())
+	}
+	return 1
+}
+
+// TargetFor turns a checked request into the loop's target. A negative
+// MaxSurge means "as the KubeadmControlPlane says".
 func TargetFor(kcp *controlplanev1.KubeadmControlPlane, r Request) Target {
-	return Target{Operation: r.Operation, Replicas: ptr.Deref(kcp.Spec.Replicas, 1), MaxSurge: r.MaxSurge, Replace: r.Replace}
+	if r.MaxSurge < 0 {
+		r.MaxSurge = KCPMaxSurge(kcp)
+	}
+	return Target{Operation: r.Operation, Replicas: ptr.Deref(kcp.Spec.Replicas, 1), MaxSurge: r.MaxSurge, Replace: r.Replace, Version: kcp.Spec.Version}
 }

@@ -8,6 +8,7 @@ import (
 	"os/user"
 	"time"
 
+	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
@@ -52,7 +53,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	}
 	// A replace that was interrupted after its machine went resumes on the
 	// record alone.
-	if r.Replace != "" && rec == nil && !s.CP.Machines.Has(machineNamed(r.Replace)) {
+	if _, ok := s.CP.Machines[r.Replace]; r.Replace != "" && rec == nil && !ok {
 		return nil, exitcode.Usagef("machine %s is not a control-plane machine of cluster %s", r.Replace, s.CP.Cluster.Name)
 	}
 	projected, err := e.ControlPlane.WithKCP(ctx, s.CP, want)
@@ -68,6 +69,11 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	p.Steps = outdated + max(delta, -delta)
 	if rec == nil && outdated == 0 && delta == 0 && Deleting(s).Len() == 0 {
 		return p, ErrNothingToDo
+	}
+	// Refuse an unsafe control plane now, before the lock and the pause: a
+	// refusal then changes nothing.
+	if step := Next(ctx, &future, t); step.Action == Refuse {
+		return nil, step.Err
 	}
 	return p, nil
 }
@@ -85,8 +91,15 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 	}
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	go lock.Keep(runCtx, func(lost error) { cancel(exitcode.New(exitcode.Locked, lost)) })
+	keepCtx, stopKeeping := context.WithCancel(runCtx)
+	kept := make(chan struct{})
+	go func() {
+		defer close(kept)
+		lock.Keep(keepCtx, func(lost error) { cancel(exitcode.New(exitcode.Locked, lost)) })
+	}()
 	defer func() {
+		stopKeeping()
+		<-kept // no renewal may race the release
 		if rerr := lock.Release(context.WithoutCancel(ctx)); rerr != nil && err == nil {
 			err = fmt.Errorf("releasing the lock: %w", rerr)
 		}
@@ -94,25 +107,47 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 			err = cause // the lost lock explains the stop better than its echo
 		}
 	}()
+	e.Lock = lock
 
-	kcp := p.Snapshot.CP.KCP
-	rec, err := controlplane.RecordOf(kcp)
+	live, err := e.ControlPlane.Read(runCtx)
+	if err != nil {
+		return err
+	}
+	rec, err := controlplane.RecordOf(live.KCP)
 	if err != nil {
 		return err
 	}
 	began := time.Now()
 	if rec == nil {
-		e.report("pause", "", progress.Started, "pausing KubeadmControlPlane "+kcp.Name, began)
+		e.report("pause", "", progress.Started, "pausing KubeadmControlPlane "+live.KCP.Name, began)
 		rec := controlplane.Record{Operation: p.Request.Operation, Target: p.Request.TargetString(), Who: Who(), Started: time.Now().UTC()}
-		if err := e.ControlPlane.Pause(runCtx, kcp, rec, PauseTimeout); err != nil {
+		kcp, err := e.ControlPlane.Pause(runCtx, rec, PauseTimeout)
+		if err != nil {
+			if kcp != nil {
+				// Paused, then found it must not go on: hand back at once.
+				_ = e.ControlPlane.Resume(context.WithoutCancel(ctx), kcp)
+			}
 			return err
 		}
 		e.finish("pause", "", "KCP reports Paused", began)
 	} else {
 		e.report("resume", "", progress.Done, "continuing "+rec.String(), began)
 	}
-	if err := e.ControlPlane.SetTarget(runCtx, kcp, p.Request.Version, p.Request.Replicas); err != nil {
+
+	// The target is set on the live object, read after the pause.
+	if live, err = e.ControlPlane.Read(runCtx); err != nil {
 		return err
+	}
+	if err := e.ControlPlane.SetTarget(runCtx, live.KCP, p.Request.Version, p.Request.Replicas); err != nil {
+		return err
+	}
+	if live, err = e.ControlPlane.Read(runCtx); err != nil {
+		return err
+	}
+	if outdated, _ := live.MachinesNeedingRollout(); outdated.Len() > 0 {
+		if err := e.Workload.PrepareRollout(runCtx, live.KCP, etcd.Managed(live.KCP)); err != nil {
+			return err
+		}
 	}
 
 	e.Total = p.Steps
@@ -128,7 +163,7 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 	if err := e.ControlPlane.Resume(runCtx, s.CP.KCP); err != nil {
 		return err
 	}
-	e.report("handback", "", progress.Done, "KubeadmControlPlane "+kcp.Name+" unpaused; KCP is in charge again", began)
+	e.report("handback", "", progress.Done, "KubeadmControlPlane "+s.CP.KCP.Name+" unpaused; KCP is in charge again", began)
 	return nil
 }
 

@@ -45,6 +45,9 @@ type Target struct {
 	MaxSurge int32
 	// Replace names one machine that must be replaced even if up to date.
 	Replace string
+	// Version, when set, is the Kubernetes version the KubeadmControlPlane
+	// must ask for: a run never finishes on a spec someone else changed.
+	Version string
 }
 
 // nodeName is the name of machine's node, or "" before it has one.

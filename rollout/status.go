@@ -138,7 +138,7 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 		})
 	}
 	if readErr == nil {
-		step := Next(ctx, s, Target{Replicas: Replicas(s), MaxSurge: 1})
+		step := Next(ctx, s, Target{Replicas: Replicas(s), MaxSurge: KCPMaxSurge(s.CP.KCP)})
 		st.Next = &NextStatus{Action: string(step.Action), Machine: machineName(step.Machine), Reason: step.Reason}
 	}
 	return st, nil

@@ -78,7 +78,7 @@ func TestBadInputIsUsageError(t *testing.T) {
 		{"version not semver", []string{"upgrade", "demo", "--version", "v1.36"}, "not a semantic version"},
 		{"version garbage", []string{"upgrade", "demo", "--version", "vlatest"}, "not a semantic version"},
 		{"surge 2", []string{"upgrade", "demo", "--version", "v1.36.3", "--max-surge", "2"}, "--max-surge must be 0 or 1"},
-		{"surge negative", []string{"upgrade", "demo", "--version", "v1.36.3", "--max-surge", "-1"}, "--max-surge must be 0 or 1"},
+		{"surge negative", []string{"upgrade", "demo", "--version", "v1.36.3", "--max-surge", "-2"}, "--max-surge must be 0 or 1"},
 		{"negative timeout", []string{"upgrade", "demo", "--version", "v1.36.3", "--health-timeout", "-1s"}, "--health-timeout must not be negative"},
 		{"bad duration", []string{"upgrade", "demo", "--version", "v1.36.3", "--settle", "soon"}, `invalid argument "soon"`},
 		{"upgrade output yaml", []string{"upgrade", "demo", "--version", "v1.36.3", "-o", "yaml"}, "--output must be one of text, json"},

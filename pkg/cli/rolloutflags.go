@@ -27,11 +27,11 @@ type rolloutOptions struct {
 }
 
 func (o *rolloutOptions) addFlags(cmd *cobra.Command) {
-	o.MaxSurge = 1
+	o.MaxSurge = -1
 	o.Timeouts = rollout.DefaultTimeouts
 	o.Output = "text"
 	f := cmd.Flags()
-	f.Int32Var(&o.MaxSurge, "max-surge", o.MaxSurge, "Machines created above the replica count during a rollout: 1 (replacement first) or 0 (delete first, for clusters without spare capacity; needs at least 3 replicas)")
+	f.Int32Var(&o.MaxSurge, "max-surge", o.MaxSurge, "Machines created above the replica count during a rollout: 1 (replacement first) or 0 (delete first, for clusters without spare capacity; needs at least 3 replicas); -1 uses the KubeadmControlPlane's rollout.strategy.rollingUpdate.maxSurge")
 	f.DurationVar(&o.Timeout, "timeout", 0, "Give up after this long in all (0: no overall limit; each wait has its own)")
 	f.DurationVar(&o.Timeouts.Provision, "provision-timeout", o.Timeouts.Provision, "How long a new machine may take to get a node")
 	f.DurationVar(&o.Timeouts.Health, "health-timeout", o.Timeouts.Health, "How long a new machine may take, once it has a node, to be healthy (node, static pods, etcd member)")
@@ -45,7 +45,7 @@ func (o *rolloutOptions) addFlags(cmd *cobra.Command) {
 
 // validate checks the shared flags; it reads nothing but the options.
 func (o *rolloutOptions) validate() error {
-	if o.MaxSurge != 0 && o.MaxSurge != 1 {
+	if o.MaxSurge < -1 || o.MaxSurge > 1 {
 		return exitcode.Usagef("--max-surge must be 0 or 1, not %d", o.MaxSurge)
 	}
 	for name, d := range map[string]time.Duration{

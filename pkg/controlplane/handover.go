@@ -11,7 +11,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
@@ -56,6 +58,10 @@ func RecordOf(kcp *controlplanev1.KubeadmControlPlane) (*Record, error) {
 // Cluster is managed by a ClusterClass topology (the topology controller would
 // rewrite the spec we set).
 func CheckTakeover(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane) error {
+	if ptr.Deref(cluster.Spec.Paused, false) {
+		return exitcode.Unsafef("cluster %s is paused (spec.paused): the Machine controller is frozen too, so no machine could join or leave; unpause it first",
+			cluster.Name)
+	}
 	if cluster.Spec.Topology.IsDefined() {
 		return exitcode.Unsafef("cluster %s is managed by ClusterClass %s: change spec.topology on the Cluster instead",
 			cluster.Name, cluster.Spec.Topology.ClassRef.Name)
@@ -76,16 +82,39 @@ func CheckTakeover(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmContro
 // Pause sets the pause annotation and our operation record in one patch, then
 // waits until the KCP controller reports Paused: an annotation does not stop a
 // reconcile already running, the condition does.
-func (c *Client) Pause(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, rec Record, timeout time.Duration) error {
+//
+// The patch carries the resourceVersion the takeover was checked on, so a
+// KubeadmControlPlane that changed in between (paused by someone else, a
+// remediation started) is checked again rather than taken over blindly.
+func (c *Client) Pause(ctx context.Context, rec Record, timeout time.Duration) (*controlplanev1.KubeadmControlPlane, error) {
 	raw, err := json.Marshal(rec)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := c.patchAnnotations(ctx, kcp, map[string]any{
-		clusterv1.PausedAnnotation: "true",
-		RecordAnnotation:           string(raw),
-	}); err != nil {
-		return err
+	var kcp *controlplanev1.KubeadmControlPlane
+	for attempt := 1; ; attempt++ {
+		cluster, current, err := c.readKCP(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := CheckTakeover(cluster, current); err != nil {
+			return nil, err
+		}
+		body, err := json.Marshal(map[string]any{"metadata": map[string]any{
+			"uid": current.UID, "resourceVersion": current.ResourceVersion,
+			"annotations": map[string]any{clusterv1.PausedAnnotation: "true", RecordAnnotation: string(raw)},
+		}})
+		if err != nil {
+			return nil, err
+		}
+		err = c.c.Patch(ctx, current, client.RawPatch(types.MergePatchType, body))
+		if err == nil {
+			kcp = current
+			break
+		}
+		if !apierrors.IsConflict(err) || attempt == 5 {
+			return nil, fmt.Errorf("pausing KubeadmControlPlane %s: %w", current.Name, err)
+		}
 	}
 	var last *metav1.Condition
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
@@ -100,10 +129,18 @@ func (c *Client) Pause(ctx context.Context, kcp *controlplanev1.KubeadmControlPl
 		if last != nil {
 			seen = fmt.Sprintf("Paused=%s (%s)", last.Status, last.Reason)
 		}
-		return exitcode.Timeoutf("KubeadmControlPlane %s: the KCP controller did not report Paused within %s; last seen %s (is the controller running?)",
+		return nil, exitcode.Timeoutf("KubeadmControlPlane %s: the KCP controller did not report Paused within %s; last seen %s (is the controller running?)",
 			kcp.Name, timeout, seen)
 	}
-	return err
+	if err != nil {
+		return nil, err
+	}
+	// A remediation KCP started just before it saw the pause is KCP's to finish.
+	if _, ok := kcp.Annotations[controlplanev1.RemediationInProgressAnnotation]; ok {
+		return kcp, exitcode.Unsafef("KubeadmControlPlane %s started a remediation (%s) before it paused: let KCP finish it first",
+			kcp.Name, controlplanev1.RemediationInProgressAnnotation)
+	}
+	return kcp, nil
 }
 
 // SetTarget patches spec.version and spec.replicas (nil leaves a field alone).

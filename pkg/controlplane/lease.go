@@ -17,7 +17,7 @@ import (
 
 // LeaseDuration is how long a lock stays valid without renewal; a run renews
 // it every third of that. A crashed run's lock is free again after it.
-const LeaseDuration = 30 * time.Second
+const LeaseDuration = 15 * time.Second
 
 // LeaseName is the Lease that serialises runs against one cluster.
 func LeaseName(cluster string) string { return "cp-rollout-" + cluster }
@@ -29,8 +29,9 @@ type Lock struct {
 	lease  *coordinationv1.Lease
 	holder string
 
-	mu   sync.Mutex
-	lost error
+	mu      sync.Mutex
+	lost    error
+	renewed time.Time
 }
 
 // Holder describes a Lease's holder for messages.
@@ -91,32 +92,30 @@ func (c *Client) Acquire(ctx context.Context, holder string) (*Lock, error) {
 			return nil, fmt.Errorf("taking over Lease %s: %w", LeaseName(c.Cluster), err)
 		}
 	}
-	return &Lock{c: c.c, lease: lease, holder: holder}, nil
+	return &Lock{c: c.c, lease: lease, holder: holder, renewed: now.Time}, nil
 }
 
-// Keep renews the Lease until ctx ends. If it cannot renew before the Lease
-// would expire, or someone else took it, it records the loss and calls onLost
-// so the run stops before another could start.
+// Keep renews the Lease until ctx ends. If someone else took it, it was
+// deleted, or it could not be renewed before it would expire, it records the
+// loss and calls onLost so the run stops before another could start.
 func (l *Lock) Keep(ctx context.Context, onLost func(error)) {
 	ticker := time.NewTicker(LeaseDuration / 3)
 	defer ticker.Stop()
-	lastRenew := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
 		}
-		err := l.renew(ctx)
-		if err == nil {
-			lastRenew = time.Now()
+		callCtx, cancel := context.WithTimeout(ctx, LeaseDuration/3)
+		err := l.renew(callCtx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
 			continue
 		}
-		if ctx.Err() != nil {
-			return
-		}
-		if apierrors.IsConflict(err) || time.Since(lastRenew) > LeaseDuration*2/3 {
-			lost := fmt.Errorf("lost the lock on %s: %w", l.lease.Name, err)
+		// Taken or deleted: lost at once. Unreachable: lost once it may expire.
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) || l.Held() != nil {
+			lost := fmt.Errorf("lost the lock on %s: %w", key(l), err)
 			l.mu.Lock()
 			l.lost = lost
 			l.mu.Unlock()
@@ -126,9 +125,35 @@ func (l *Lock) Keep(ctx context.Context, onLost func(error)) {
 	}
 }
 
+// Held reports, without I/O, whether the lock is still safely held: not lost,
+// and renewed recently enough that it cannot have expired for others. Every
+// acting step checks it first.
+func (l *Lock) Held() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost != nil {
+		return exitcode.New(exitcode.Locked, l.lost)
+	}
+	// A margin of a third of the duration covers clock skew and the time the
+	// step itself takes.
+	if since := time.Since(l.renewed); since > LeaseDuration*2/3 {
+		return exitcode.Lockedf("the lock on %s was last renewed %s ago; stopping before it can expire", l.lease.Name, since.Round(time.Second))
+	}
+	return nil
+}
+
+func key(l *Lock) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lease.Name
+}
+
 func (l *Lock) renew(ctx context.Context) error {
+	l.mu.Lock()
+	key := client.ObjectKeyFromObject(l.lease)
+	l.mu.Unlock()
 	fresh := &coordinationv1.Lease{}
-	if err := l.c.Get(ctx, client.ObjectKeyFromObject(l.lease), fresh); err != nil {
+	if err := l.c.Get(ctx, key, fresh); err != nil {
 		return err
 	}
 	if ptr.Deref(fresh.Spec.HolderIdentity, "") != l.holder {
@@ -140,14 +165,20 @@ func (l *Lock) renew(ctx context.Context) error {
 	if err := l.c.Update(ctx, fresh); err != nil {
 		return err
 	}
-	l.lease = fresh
+	l.mu.Lock()
+	l.lease, l.renewed = fresh, now.Time
+	l.mu.Unlock()
 	return nil
 }
 
-// Release gives the Lease up if it is still ours.
+// Release gives the Lease up if it is still ours. Stop Keep first: a renewal
+// between its read and its delete would make the delete fail.
 func (l *Lock) Release(ctx context.Context) error {
+	l.mu.Lock()
+	key := client.ObjectKeyFromObject(l.lease)
+	l.mu.Unlock()
 	fresh := &coordinationv1.Lease{}
-	if err := l.c.Get(ctx, client.ObjectKeyFromObject(l.lease), fresh); err != nil {
+	if err := l.c.Get(ctx, key, fresh); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}

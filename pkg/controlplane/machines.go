@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
@@ -76,6 +77,13 @@ func (c *Client) CreateReplacement(ctx context.Context, cp *pkg.ControlPlane, fa
 		}
 	}
 	if err := c.applyAsKCP(ctx, machine); err != nil {
+		// The apply may have gone through before its answer was lost (a
+		// cancelled or timed-out call): then the pieces belong to a Machine and
+		// must stay.
+		exists := c.c.Get(context.WithoutCancel(ctx), client.ObjectKeyFromObject(machine), &clusterv1.Machine{})
+		if exists == nil {
+			return nil, fmt.Errorf("creating Machine %s: %w (the Machine exists; the next run goes on with it)", machine.Name, err)
+		}
 		return nil, cleanup(fmt.Errorf("creating Machine %s: %w", machine.Name, err))
 	}
 	return machine, nil
@@ -114,6 +122,12 @@ func (c *Client) applyAsKCP(ctx context.Context, obj client.Object) error {
 // so that KCP's metadata sync (a different field manager) can later take them
 // over without conflicts.
 func (c *Client) dropLabelAndAnnotationOwnership(ctx context.Context, obj client.Object) error {
+	// A provider or bootstrap controller may update the new object meanwhile;
+	// re-read and try again, as KCP does.
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error { return c.dropOwnershipOnce(ctx, obj) })
+}
+
+func (c *Client) dropOwnershipOnce(ctx context.Context, obj client.Object) error {
 	if err := c.c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 		return fmt.Errorf("reading back %s: %w", obj.GetName(), err)
 	}
@@ -150,10 +164,8 @@ func (c *Client) dropLabelAndAnnotationOwnership(ctx context.Context, obj client
 		return nil
 	}
 	obj.SetManagedFields(fields)
-	if err := c.c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("dropping label and annotation ownership on %s: %w", obj.GetName(), err)
-	}
-	return nil
+	// Returned unwrapped so that RetryOnConflict sees a conflict.
+	return c.c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 }
 
 // Delete deletes machine, and only that incarnation of it: the UID precondition

@@ -61,24 +61,9 @@ func (c *Client) Kube() client.Client { return c.c }
 // KubeadmControlPlane; otherwise the error is marked Unsafe and names what is
 // wrong.
 func (c *Client) Read(ctx context.Context) (*pkg.ControlPlane, error) {
-	cluster := &clusterv1.Cluster{}
-	if err := c.c.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: c.Cluster}, cluster); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, exitcode.Unsafef("cluster %s/%s not found", c.Namespace, c.Cluster)
-		}
-		return nil, fmt.Errorf("reading cluster %s/%s: %w", c.Namespace, c.Cluster, err)
-	}
-	ref := cluster.Spec.ControlPlaneRef
-	if !ref.IsDefined() || ref.Kind != "KubeadmControlPlane" || ref.APIGroup != controlplanev1.GroupVersion.Group {
-		return nil, exitcode.Unsafef("cluster %s/%s: its control plane is not a KubeadmControlPlane (controlPlaneRef %s %s)",
-			c.Namespace, c.Cluster, ref.Kind, ref.Name)
-	}
-	kcp := &controlplanev1.KubeadmControlPlane{}
-	if err := c.c.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: ref.Name}, kcp); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, exitcode.Unsafef("cluster %s/%s: KubeadmControlPlane %s not found", c.Namespace, c.Cluster, ref.Name)
-		}
-		return nil, fmt.Errorf("reading KubeadmControlPlane %s/%s: %w", c.Namespace, ref.Name, err)
+	cluster, kcp, err := c.readKCP(ctx)
+	if err != nil {
+		return nil, err
 	}
 
 	// As KCP does: control-plane Machines of the cluster that this KCP owns.
@@ -93,6 +78,30 @@ func (c *Client) Read(ctx context.Context) (*pkg.ControlPlane, error) {
 		return nil, fmt.Errorf("reading control plane of %s/%s: %w", c.Namespace, c.Cluster, err)
 	}
 	return cp, nil
+}
+
+// readKCP reads the Cluster and its KubeadmControlPlane.
+func (c *Client) readKCP(ctx context.Context) (*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, error) {
+	cluster := &clusterv1.Cluster{}
+	if err := c.c.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: c.Cluster}, cluster); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil, exitcode.Unsafef("cluster %s/%s not found", c.Namespace, c.Cluster)
+		}
+		return nil, nil, fmt.Errorf("reading cluster %s/%s: %w", c.Namespace, c.Cluster, err)
+	}
+	ref := cluster.Spec.ControlPlaneRef
+	if !ref.IsDefined() || ref.Kind != "KubeadmControlPlane" || ref.APIGroup != controlplanev1.GroupVersion.Group {
+		return nil, nil, exitcode.Unsafef("cluster %s/%s: its control plane is not a KubeadmControlPlane (controlPlaneRef %s %s)",
+			c.Namespace, c.Cluster, ref.Kind, ref.Name)
+	}
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	if err := c.c.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: ref.Name}, kcp); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil, exitcode.Unsafef("cluster %s/%s: KubeadmControlPlane %s not found", c.Namespace, c.Cluster, ref.Name)
+		}
+		return nil, nil, fmt.Errorf("reading KubeadmControlPlane %s/%s: %w", c.Namespace, ref.Name, err)
+	}
+	return cluster, kcp, nil
 }
 
 // WithKCP returns KCP's view of the same machines as if the KubeadmControlPlane

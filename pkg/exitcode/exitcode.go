@@ -54,7 +54,7 @@ func Timeoutf(format string, a ...any) error { return New(Timeout, fmt.Errorf(fo
 // Lockedf reports that another run holds the lock; the message names the holder.
 func Lockedf(format string, a ...any) error { return New(Locked, fmt.Errorf(format, a...)) }
 
-// Of returns the exit code for err: the innermost explicit code wins, a bare
+// Of returns the exit code for err: the outermost explicit code wins, a bare
 // context deadline counts as a timeout, everything else is a failure.
 func Of(err error) int {
 	if err == nil {
