@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -89,12 +90,30 @@ func (s *Sim) startControllers(startCtx, runCtx context.Context) error {
 	return nil
 }
 
+// managerNames hands out manager names. CAPI's setup reserves each manager's
+// informer name for the life of the process (client-go never releases it),
+// so a second simulator in the same test binary needs names of its own.
+var managerNames = struct {
+	sync.Mutex
+	used map[string]int
+}{used: map[string]int{}}
+
+func uniqueManagerName(base string) string {
+	managerNames.Lock()
+	defer managerNames.Unlock()
+	managerNames.used[base]++
+	if n := managerNames.used[base]; n > 1 {
+		return fmt.Sprintf("%s-%d", base, n)
+	}
+	return base
+}
+
 // newCoreManager wires the Machine reconciler as core/main.go does: the
 // ClusterCache with a Secret-caching client and the core setup's cache and
 // client options (its Node providerID index is what nodeRef lookup uses),
 // and the default indexes.
 func (s *Sim) newCoreManager(ctx context.Context) (ctrl.Manager, error) {
-	const controllerName = "cluster-api-controller-manager"
+	controllerName := uniqueManagerName("cluster-api-controller-manager")
 	mgr, err := ctrl.NewManager(s.mgmtConfig, s.managerOptions("machine",
 		coresetup.ManagerCacheOptions(Scheme(), controllerName, "", syncPeriod),
 		coresetup.ManagerClientOptions()))
@@ -132,7 +151,7 @@ func (s *Sim) newCoreManager(ctx context.Context) (ctrl.Manager, error) {
 // controlplane/kubeadm/main.go does, with the in-place updates gate off (its
 // default) so no Runtime SDK client is needed.
 func (s *Sim) newKCPManager(ctx context.Context) (ctrl.Manager, error) {
-	const controllerName = "kubeadm-control-plane-manager"
+	controllerName := uniqueManagerName("kubeadm-control-plane-manager")
 	mgr, err := ctrl.NewManager(s.mgmtConfig, s.managerOptions("kcp",
 		kcpsetup.ManagerCacheOptions(Scheme(), controllerName, "", syncPeriod),
 		kcpsetup.ManagerClientOptions()))
