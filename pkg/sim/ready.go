@@ -57,7 +57,7 @@ func (s *Sim) EtcdMembers(ctx context.Context) ([]EtcdMember, error) {
 		return nil, errors.New("no etcd member runs")
 	}
 	sort.Strings(endpoints)
-	c, err := s.etcdClient(ctx, endpoints)
+	c, err := s.EtcdClient(ctx, endpoints...)
 	if err != nil {
 		return nil, err
 	}
@@ -82,9 +82,10 @@ func (s *Sim) EtcdMembers(ctx context.Context) ([]EtcdMember, error) {
 	return out, nil
 }
 
-// etcdClient is a client with a certificate minted from the cluster's etcd
-// CA, as KCP and the tool do.
-func (s *Sim) etcdClient(ctx context.Context, endpoints []string) (*clientv3.Client, error) {
+// EtcdClient is an etcd client for the given endpoints with a client
+// certificate minted from the cluster's etcd CA, as KCP and the tool do.
+// The caller closes it.
+func (s *Sim) EtcdClient(ctx context.Context, endpoints ...string) (*clientv3.Client, error) {
 	ca, err := s.provider.etcdCASecret(ctx)
 	if err != nil {
 		return nil, err

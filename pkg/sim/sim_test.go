@@ -3,7 +3,10 @@ package sim_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -13,7 +16,9 @@ import (
 	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/portforward"
+	"k8s.io/client-go/transport/spdy"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -297,5 +302,161 @@ func TestCapacityHoldsBackSurgeMachine(t *testing.T) {
 	if _, ok := s.Nodes()[surge.Name]; ok {
 		t.Fatal("surge machine took a slot beyond capacity")
 	}
-	_ = metav1.Now
+}
+
+// TestKCPOnItsOwn: KCP left alone on a healthy simulated cluster changes
+// nothing; every member is reachable by port-forward through the workload API
+// server; the management API server can restart under the controllers; and a
+// new spec.version makes the real KCP roll every machine.
+func TestKCPOnItsOwn(t *testing.T) {
+	s := startSim(t, sim.Options{Replicas: 3, ProvisionDelay: 200 * time.Millisecond, DeleteDelay: 200 * time.Millisecond, AddressPrefix: "127.77.2"})
+	ctx := context.Background()
+	c := s.ManagementClient()
+
+	t.Run("port-forward through the workload API server reaches every member", func(t *testing.T) {
+		members, err := s.EtcdMembers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := map[string]uint64{}
+		for _, m := range members {
+			ids[m.Name] = m.ID
+		}
+		for _, n := range s.Nodes() {
+			local, stop := portForward(t, s.WorkloadConfig(), "etcd-"+n.Name, 2379)
+			ec, err := s.EtcdClient(ctx, "https://"+local)
+			if err != nil {
+				stop()
+				t.Fatal(err)
+			}
+			callCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			st, err := ec.Status(callCtx, "https://"+local)
+			cancel()
+			ec.Close()
+			stop()
+			if err != nil {
+				t.Fatalf("etcd status through port-forward to etcd-%s: %v", n.Name, err)
+			}
+			if st.Header.MemberId != ids[n.Name] {
+				t.Errorf("port-forward to etcd-%s reached member %x, want %x", n.Name, st.Header.MemberId, ids[n.Name])
+			}
+		}
+	})
+
+	before := machineUIDs(t, s)
+	t.Run("KCP left alone creates and deletes nothing for a minute", func(t *testing.T) {
+		deadline := time.Now().Add(time.Minute)
+		for time.Now().Before(deadline) {
+			now := machineUIDs(t, s)
+			if !sameKeys(before, now) {
+				t.Fatalf("machines changed from %v to %v", before, now)
+			}
+			time.Sleep(2 * time.Second)
+		}
+	})
+
+	t.Run("management API server restart", func(t *testing.T) {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		if err := s.RestartManagementAPIServer(rctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.WaitReady(rctx); err != nil {
+			t.Fatal(err)
+		}
+		if now := machineUIDs(t, s); !sameKeys(before, now) {
+			t.Fatalf("machines changed across the restart: %v to %v", before, now)
+		}
+	})
+
+	t.Run("a new spec.version makes KCP roll every machine", func(t *testing.T) {
+		const target = "v1.36.3"
+		kcp := &controlplanev1.KubeadmControlPlane{}
+		if err := c.Get(ctx, s.KCPKey(), kcp); err != nil {
+			t.Fatal(err)
+		}
+		updated := kcp.DeepCopy()
+		updated.Spec.Version = target
+		if err := sim.ValidateKCP(ctx, kcp, updated); err != nil {
+			t.Fatalf("KCP webhook validation: %v", err)
+		}
+		if err := c.Patch(ctx, updated, client.MergeFrom(kcp)); err != nil {
+			t.Fatal(err)
+		}
+		began := time.Now()
+		eventually(t, 5*time.Minute, "every machine replaced at "+target, func(ctx context.Context) (bool, string, error) {
+			machines, err := s.Machines(ctx)
+			if err != nil {
+				return false, "", err
+			}
+			for _, m := range machines {
+				if _, old := before[string(m.UID)]; old || m.Spec.Version != target {
+					return false, fmt.Sprintf("machine %s at %s still there", m.Name, m.Spec.Version), nil
+				}
+			}
+			ok, why, err := s.Ready(ctx)
+			return ok, why, err
+		})
+		t.Logf("KCP rolled 3 machines to %s in %.1fs", target, time.Since(began).Seconds())
+	})
+}
+
+func machineUIDs(t *testing.T, s *sim.Sim) map[string]string {
+	t.Helper()
+	machines, err := s.Machines(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, m := range machines {
+		out[string(m.UID)] = m.Name
+	}
+	return out
+}
+
+func sameKeys(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if _, ok := b[k]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// portForward forwards a free local port to a kube-system pod's port
+// through the API server, as kubectl port-forward does.
+func portForward(t *testing.T, cfg *rest.Config, pod string, port int) (string, func()) {
+	t.Helper()
+	transport, upgrader, err := spdy.RoundTripperFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(cfg.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/api/v1/namespaces/kube-system/pods/" + pod + "/portforward"
+	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: transport}, http.MethodPost, u)
+	stopCh, readyCh := make(chan struct{}), make(chan struct{})
+	fw, err := portforward.New(dialer, []string{fmt.Sprintf("0:%d", port)}, stopCh, readyCh, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errCh := make(chan error, 1)
+	go func() { errCh <- fw.ForwardPorts() }()
+	select {
+	case <-readyCh:
+	case err := <-errCh:
+		t.Fatalf("port-forward to %s: %v", pod, err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("port-forward to %s: not ready after 30s", pod)
+	}
+	ports, err := fw.GetPorts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", ports[0].Local), func() { close(stopCh) }
 }
