@@ -163,9 +163,11 @@ func Start(ctx context.Context, opts Options) (_ *Sim, err error) {
 		}
 	}()
 
+	began := time.Now()
 	if err := s.startClusters(ctx); err != nil {
 		return nil, err
 	}
+	s.opts.Log.Info("management and workload API servers started", "took", time.Since(began).String())
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -185,6 +187,7 @@ func Start(ctx context.Context, opts Options) (_ *Sim, err error) {
 	if err := s.createInitialMachines(ctx); err != nil {
 		return nil, err
 	}
+	s.opts.Log.Info("controllers running, initial machines created", "took", time.Since(began).String())
 	return s, nil
 }
 

@@ -460,3 +460,79 @@ func portForward(t *testing.T, cfg *rest.Config, pod string, port int) (string, 
 	}
 	return fmt.Sprintf("127.0.0.1:%d", ports[0].Local), func() { close(stopCh) }
 }
+
+// TestFaults: the fault hooks act on the simulated hosts and the simulator's
+// own readiness check sees them.
+func TestFaults(t *testing.T) {
+	s := startSim(t, sim.Options{Replicas: 3, WithoutKCP: true, AddressPrefix: "127.77.3"})
+	ctx := context.Background()
+	c := s.ManagementClient()
+	var node sim.Node
+	for _, n := range s.Nodes() {
+		node = n
+		break
+	}
+
+	t.Run("static pod unready", func(t *testing.T) {
+		if err := s.SetStaticPodReady(ctx, node.Name, "kube-apiserver", false); err != nil {
+			t.Fatal(err)
+		}
+		pod := &corev1.Pod{}
+		if err := s.WorkloadClient().Get(ctx, client.ObjectKey{Namespace: "kube-system", Name: "kube-apiserver-" + node.Name}, pod); err != nil {
+			t.Fatal(err)
+		}
+		for _, cond := range pod.Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.Status != corev1.ConditionFalse {
+				t.Fatalf("pod Ready = %s, want False", cond.Status)
+			}
+		}
+		if err := s.SetStaticPodReady(ctx, node.Name, "kube-apiserver", true); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("a stopped member is listed unhealthy", func(t *testing.T) {
+		if err := s.StopMember(node.Name); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, "member unhealthy", func(ctx context.Context) (bool, string, error) {
+			members, err := s.EtcdMembers(ctx)
+			if err != nil {
+				return false, "", err
+			}
+			for _, m := range members {
+				if m.Name == node.Name {
+					return !m.Healthy, fmt.Sprintf("%+v", m), nil
+				}
+			}
+			return false, "member not listed", nil
+		})
+		if ok, _, _ := s.Ready(ctx); ok {
+			t.Fatal("Ready with a stopped member")
+		}
+	})
+
+	t.Run("a machine that never provisions", func(t *testing.T) {
+		s.NeverProvisionNext()
+		cluster := &clusterv1.Cluster{}
+		if err := c.Get(ctx, s.ClusterKey(), cluster); err != nil {
+			t.Fatal(err)
+		}
+		kcp := &controlplanev1.KubeadmControlPlane{}
+		if err := c.Get(ctx, s.KCPKey(), kcp); err != nil {
+			t.Fatal(err)
+		}
+		stuck, err := sim.CreateMachineAsKCP(ctx, c, cluster, kcp, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * time.Second)
+		m := &clusterv1.Machine{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(stuck), m); err != nil {
+			t.Fatal(err)
+		}
+		if m.Status.NodeRef.IsDefined() || m.Spec.ProviderID != "" {
+			t.Fatalf("machine provisioned anyway: node %q, providerID %q", m.Status.NodeRef.Name, m.Spec.ProviderID)
+		}
+	})
+}
