@@ -1,0 +1,55 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestBadUsageIsOneLineAndExitsTwo(t *testing.T) {
+	for _, args := range [][]string{
+		nil,
+		{"down"},
+		{"up"},
+		{"up", "--kubeconfig-out", "k", "--replicas", "x"},
+		{"up", "--kubeconfig-out", "k", "--replicas", "0"},
+		{"up", "--kubeconfig-out", "k", "--capacity", "-1"},
+		{"up", "--kubeconfig-out", "k", "--capacity", "2"},
+		{"up", "--kubeconfig-out", "k", "--provision-delay", "-1s"},
+		{"up", "--kubeconfig-out", "k", "--no-such-flag"},
+		{"up", "--kubeconfig-out", "k", "extra"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(args, &stdout, &stderr); code != exitUsage {
+			t.Errorf("%q: exit %d, want %d", args, code, exitUsage)
+		}
+		if lines := strings.Count(strings.TrimSpace(stderr.String()), "\n") + 1; lines != 1 || !strings.HasPrefix(stderr.String(), "error: ") {
+			t.Errorf("%q: want one error line, got %q", args, stderr.String())
+		}
+		if stdout.Len() != 0 {
+			t.Errorf("%q: wrote to stdout: %q", args, stdout.String())
+		}
+	}
+}
+
+func TestUpFlags(t *testing.T) {
+	o, err := parseUp([]string{"--kubeconfig-out", "k", "--cluster", "c", "--namespace", "ns", "--replicas", "5",
+		"--version", "v1.36.3", "--provision-delay", "3s", "--delete-delay", "2s", "--capacity", "6", "--without-kcp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := o.sim
+	if o.kubeconfigOut != "k" || s.ClusterName != "c" || s.Namespace != "ns" || s.Replicas != 5 || s.Version != "v1.36.3" ||
+		s.ProvisionDelay != 3*time.Second || s.DeleteDelay != 2*time.Second || s.Capacity != 6 || !s.WithoutKCP {
+		t.Fatalf("parsed %+v", o)
+	}
+	o, err = parseUp([]string{"--kubeconfig-out", "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := o.sim; s.ClusterName != "demo" || s.Namespace != "default" || s.Replicas != 3 || s.Version != "v1.35.2" ||
+		s.ProvisionDelay != 2*time.Second || s.DeleteDelay != time.Second || s.Capacity != 0 || s.WithoutKCP {
+		t.Fatalf("defaults %+v", o)
+	}
+}
