@@ -16,7 +16,7 @@ GORELEASER_VER := v2.15.1
 GORELEASER     := $(CACHE_DIR)/tools/goreleaser-$(GORELEASER_VER)/goreleaser
 TEST_TIMEOUT   ?= 30m
 
-.PHONY: all build demo sim test envtest lint release-check clean
+.PHONY: all build demo sim test bench envtest lint release-check clean
 all: build
 
 build: ## bin/kubectl-cp_rollout, its kubectl completion helper, bin/cp-rollout-sim
@@ -39,6 +39,12 @@ envtest:
 
 test: lint ## everything CI runs
 	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+bench: ## time the tool's upgrade against the real KCP's on the simulator; figures in bench/upgrade.json
+	@mkdir -p bench
+	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) CP_ROLLOUT_BENCH_OUT=$(CURDIR)/bench/upgrade.json \
+		$(GO) test ./test/e2e -run '^$$' -bench BenchmarkUpgradeThreeReplicas -benchtime 1x -timeout 30m
+	@cat bench/upgrade.json
 
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

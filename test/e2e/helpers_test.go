@@ -83,7 +83,7 @@ type result struct {
 }
 
 // plugin runs `kubectl cp-rollout args...` against the simulator.
-func (e *env) plugin(t *testing.T, ctx context.Context, args ...string) result {
+func (e *env) plugin(t testing.TB, ctx context.Context, args ...string) result {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, "kubectl", append([]string{"cp-rollout"}, args...)...)
 	cmd.Env = append(os.Environ(),
