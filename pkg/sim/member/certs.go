@@ -80,8 +80,8 @@ func (a *authority) issue(commonName string, ips []net.IP, dnsNames []string, us
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
 }
 
-// writePair stores a certificate where embed.Config can read it: etcd's server TLS
-// only takes file paths.
+// writePair stores a certificate where the etcd process reads it, as kubeadm stores it
+// on the node's disk: etcd's TLS flags take file paths only.
 func writePair(dir, name string, c tls.Certificate) (certFile, keyFile string, err error) {
 	keyDER, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
 	if err != nil {

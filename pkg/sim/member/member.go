@@ -1,14 +1,22 @@
-// Package member runs one real etcd member (go.etcd.io/etcd/server/v3/embed) the way a
-// kubeadm control-plane node runs its stacked etcd, for the simulator and for tests of the
-// product's etcd access.
+// Package member runs one real etcd member the way a kubeadm control-plane node runs its
+// stacked etcd, for the simulator and for tests of the product's etcd access.
+//
+// Each member is its own OS process running the etcd binary (v3.6.14, from the envtest
+// binaries; see AssetsDir), as the static pod is on a node. In production an etcd that
+// crashes takes down that member only; run in-process it would take the whole simulator
+// or test with it, and etcd does panic on some requests that reach a member in the moment
+// between its removal from the cluster and its shutdown. The child runs in a process group
+// of its own and is killed when its parent dies, so no member outlives the process that
+// started it, even one killed with SIGKILL. etcd's log lines go to Config.Logger.
 //
 // A member listens on its own address (a loopback address such as 127.0.0.N, one per
 // simulated node) and speaks TLS only, with serving and peer certificates signed by the
-// cluster's etcd CA (the `<cluster>-etcd` Secret). The first member bootstraps a new
-// cluster; every later one joins as kubeadm does: MemberAddAsLearner through the existing
-// members, start, then MemberPromote once it has caught up with the leader. Until it has
-// started, a member added this way is listed with an empty name, exactly as in a real
-// cluster.
+// cluster's etcd CA (the `<cluster>-etcd` Secret), written to the member's data directory
+// as kubeadm writes them to the node's disk; the CA key never is. The first member
+// bootstraps a new cluster; every later one joins as kubeadm does: MemberAddAsLearner
+// through the existing members, start, then MemberPromote once it has caught up with the
+// leader. Until it has started, a member added this way is listed with an empty name,
+// exactly as in a real cluster.
 //
 //	ca, key, _ := member.NewCA()
 //	first, err := member.Start(ctx, member.Config{Name: "node-a", IP: "127.0.0.2",
@@ -20,9 +28,10 @@
 //
 // Stop stops a member and keeps its data, like a node that goes down; Restart brings it
 // back with its identity, like a node that reboots. A member removed from the cluster
-// stops by itself, as etcd does; Stopped tells when.
+// stops by itself, as etcd does, and a crashed one is gone too; Stopped tells when.
 //
-// Ports: 0 picks a free port on the member's address. The simulator uses the kubeadm ports
+// Ports: 0 picks a free port on the member's address (chosen before etcd starts, since
+// it takes explicit URLs). The simulator uses the kubeadm ports
 // (DefaultClientPort, DefaultPeerPort) on a distinct address per node; tests that run in
 // parallel with other packages should use addresses of their own (127.x.y.z) so fixed ports
 // never collide.
@@ -35,7 +44,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -45,8 +53,9 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // The ports kubeadm configures for stacked etcd.
@@ -95,25 +104,28 @@ type Config struct {
 	// makes each join after the second wait that long.
 	RelaxedReconfigCheck bool
 
-	// Logger receives etcd's logs; nil discards them.
+	// Logger receives etcd's log lines, its entries at their own level (panic and fatal
+	// ones at error) and anything else it prints, such as a crash's stack, at error; nil
+	// discards them.
 	Logger *zap.Logger
 }
 
 // Member is an etcd member started by Start.
 type Member struct {
-	cfg       Config
-	ca        *authority
-	ip        net.IP
-	id        uint64
-	clientURL string
-	peerURL   string
+	cfg                  Config
+	ca                   *authority
+	bin                  string
+	id                   uint64
+	clientURL            string
+	peerURL              string
+	clientPort, peerPort int
 
-	mu      sync.Mutex
-	etcd    *embed.Etcd
-	stopped bool
+	mu   sync.Mutex
+	proc *process
 }
 
-// joinTimeout bounds each etcd call made while joining; the whole Start is bounded by ctx.
+// joinCallTimeout bounds each etcd call made while joining; the whole Start is bounded
+// by ctx.
 const joinCallTimeout = 5 * time.Second
 
 // Start starts the member and returns once it serves clients and, when joining, once it is
@@ -122,35 +134,40 @@ func Start(ctx context.Context, cfg Config) (*Member, error) {
 	if cfg.Name == "" || cfg.IP == "" || cfg.DataDir == "" {
 		return nil, errors.New("etcd member: name, IP and data directory are required")
 	}
-	ip := net.ParseIP(cfg.IP)
-	if ip == nil {
+	if net.ParseIP(cfg.IP) == nil {
 		return nil, fmt.Errorf("etcd member %s: %q is not an IP address", cfg.Name, cfg.IP)
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	cfg.Logger = cfg.Logger.With(zap.String("member", cfg.Name))
 	ca, err := parseAuthority(cfg.CACert, cfg.CAKey)
 	if err != nil {
 		return nil, fmt.Errorf("etcd member %s: %w", cfg.Name, err)
 	}
-	clientPort, err := portOrFree(cfg.IP, cfg.ClientPort)
-	if err != nil {
-		return nil, fmt.Errorf("etcd member %s: client port: %w", cfg.Name, err)
-	}
-	peerPort, err := portOrFree(cfg.IP, cfg.PeerPort)
-	if err != nil {
-		return nil, fmt.Errorf("etcd member %s: peer port: %w", cfg.Name, err)
-	}
-	m := &Member{
-		cfg:       cfg,
-		ca:        ca,
-		ip:        ip,
-		clientURL: "https://" + net.JoinHostPort(cfg.IP, strconv.Itoa(clientPort)),
-		peerURL:   "https://" + net.JoinHostPort(cfg.IP, strconv.Itoa(peerPort)),
-	}
-
-	ec, err := m.embedConfig()
+	bin, err := etcdBinary()
 	if err != nil {
 		return nil, fmt.Errorf("etcd member %s: %w", cfg.Name, err)
 	}
+	// The etcd binary takes explicit URLs, so free ports are picked here; fixed ports are
+	// checked here too, so that a taken one fails Start with the listen error
+	// (EADDRINUSE) before this member is added to the cluster.
+	ports, err := reservePorts(cfg.IP, cfg.ClientPort, cfg.PeerPort)
+	if err != nil {
+		return nil, fmt.Errorf("etcd member %s: %w", cfg.Name, err)
+	}
+	clientPort, peerPort := ports[0], ports[1]
+	m := &Member{
+		cfg:        cfg,
+		ca:         ca,
+		bin:        bin,
+		clientURL:  "https://" + net.JoinHostPort(cfg.IP, strconv.Itoa(clientPort)),
+		peerURL:    "https://" + net.JoinHostPort(cfg.IP, strconv.Itoa(peerPort)),
+		clientPort: clientPort,
+		peerPort:   peerPort,
+	}
 
+	state, initial := "new", m.cfg.Name+"="+m.peerURL
 	var joined uint64
 	if len(cfg.ExistingClientURLs) > 0 {
 		admin, err := adminClient(ca, cfg.ExistingClientURLs)
@@ -158,15 +175,13 @@ func Start(ctx context.Context, cfg Config) (*Member, error) {
 			return nil, fmt.Errorf("etcd member %s: %w", cfg.Name, err)
 		}
 		defer admin.Close()
-		initial, id, err := m.addAsLearner(ctx, admin)
+		initial, joined, err = m.addAsLearner(ctx, admin)
 		if err != nil {
 			return nil, fmt.Errorf("etcd member %s: join: %w", cfg.Name, err)
 		}
-		joined = id
-		ec.ClusterState = embed.ClusterStateFlagExisting
-		ec.InitialCluster = initial
+		state = "existing"
 		defer func() {
-			if m.etcd == nil {
+			if m.proc == nil {
 				// Leave no unstartable member behind to block the next learner.
 				rctx, cancel := context.WithTimeout(context.Background(), joinCallTimeout)
 				defer cancel()
@@ -175,7 +190,7 @@ func Start(ctx context.Context, cfg Config) (*Member, error) {
 		}()
 	}
 
-	if err := m.launch(ctx, ec); err != nil {
+	if err := m.launch(ctx, state, initial); err != nil {
 		return nil, err
 	}
 
@@ -193,54 +208,91 @@ func Start(ctx context.Context, cfg Config) (*Member, error) {
 	return m, nil
 }
 
-// launch starts etcd and waits until it serves clients.
-func (m *Member) launch(ctx context.Context, ec *embed.Config) error {
-	e, err := embed.StartEtcd(ec)
+// launch starts etcd and waits until it serves clients, which etcd does once it has
+// joined the raft group and published its name (a learner too).
+func (m *Member) launch(ctx context.Context, state, initialCluster string) error {
+	args, err := m.args(state, initialCluster)
+	if err != nil {
+		return fmt.Errorf("etcd member %s: %w", m.cfg.Name, err)
+	}
+	proc, err := startProcess(m.bin, args, m.cfg.Logger)
 	if err != nil {
 		return fmt.Errorf("etcd member %s: start: %w", m.cfg.Name, err)
 	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
+	id, err := waitServing(ctx, m.ca, m.clientURL, proc)
+	if err != nil {
+		proc.stop()
 		return fmt.Errorf("etcd member %s: %w", m.cfg.Name, err)
-	case <-ctx.Done():
-		e.Close()
-		return fmt.Errorf("etcd member %s: waiting to serve: %w", m.cfg.Name, context.Cause(ctx))
 	}
 	m.mu.Lock()
-	m.etcd, m.stopped = e, false
+	m.proc, m.id = proc, id
 	m.mu.Unlock()
-	m.id = uint64(e.Server.MemberID())
 	return nil
 }
 
+// errExited cancels the wait for a member whose process has ended.
+var errExited = errors.New("etcd exited before serving clients")
+
+// waitServing polls the member's own Status until it answers, and returns its ID.
+func waitServing(ctx context.Context, ca *authority, clientURL string, proc *process) (uint64, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-proc.done:
+			cancel(errExited)
+		case <-ctx.Done():
+		}
+	}()
+	cli, err := adminClient(ca, []string{clientURL})
+	if err != nil {
+		return 0, err
+	}
+	defer cli.Close()
+	var id uint64
+	err = retry(ctx, func(ctx context.Context) (bool, error) {
+		resp, err := cli.Status(ctx, clientURL)
+		if err != nil {
+			return true, err
+		}
+		id = resp.Header.MemberId
+		return false, nil
+	})
+	if err != nil {
+		if errors.Is(context.Cause(ctx), errExited) {
+			return 0, proc.exited()
+		}
+		return 0, fmt.Errorf("waiting to serve: %w", err)
+	}
+	return id, nil
+}
+
 // Restart starts a stopped member again from its data directory, as a rebooted node
-// does; it rejoins with its old identity.
+// does; it rejoins with its old identity. The member may have stopped by Stop, by itself
+// or by a crash.
 func (m *Member) Restart(ctx context.Context) error {
-	m.mu.Lock()
-	stopped := m.stopped
-	m.mu.Unlock()
-	if !stopped {
+	select {
+	case <-m.Stopped():
+	default:
 		return fmt.Errorf("etcd member %s: restart: still running", m.cfg.Name)
 	}
-	ec, err := m.embedConfig()
-	if err != nil {
-		return fmt.Errorf("etcd member %s: %w", m.cfg.Name, err)
+	if _, err := reservePorts(m.cfg.IP, m.clientPort, m.peerPort); err != nil {
+		return fmt.Errorf("etcd member %s: restart: %w", m.cfg.Name, err)
 	}
 	// With data on disk etcd ignores the initial cluster; "existing" keeps it from
 	// trying to bootstrap one.
-	ec.ClusterState = embed.ClusterStateFlagExisting
-	return m.launch(ctx, ec)
+	return m.launch(ctx, "existing", m.cfg.Name+"="+m.peerURL)
 }
 
-func (m *Member) embedConfig() (*embed.Config, error) {
-	ca, ip := m.ca, m.ip
+// args writes the member's certificates and returns the etcd command line, the flags
+// kubeadm's static pod manifest sets plus the tuning of Config.
+func (m *Member) args(state, initialCluster string) ([]string, error) {
+	ca := m.ca
 	pki := filepath.Join(m.cfg.DataDir, "pki")
 	if err := os.MkdirAll(pki, 0o700); err != nil {
 		return nil, err
 	}
-	ips := []net.IP{ip, net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	ips := []net.IP{net.ParseIP(m.cfg.IP), net.IPv4(127, 0, 0, 1), net.IPv6loopback}
 	dns := []string{m.cfg.Name, "localhost"}
 	usages := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 	server, err := ca.issue(m.cfg.Name, ips, dns, usages)
@@ -259,45 +311,46 @@ func (m *Member) embedConfig() (*embed.Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The CA certificate only: a node's etcd never needs the CA key.
 	caFile := filepath.Join(pki, "ca.crt")
 	if err := os.WriteFile(caFile, m.cfg.CACert, 0o600); err != nil {
 		return nil, err
 	}
 
-	ec := embed.NewConfig()
-	ec.Name = m.cfg.Name
-	ec.Dir = filepath.Join(m.cfg.DataDir, "etcd")
-	clientURL, _ := url.Parse(m.clientURL)
-	peerURL, _ := url.Parse(m.peerURL)
-	ec.ListenClientUrls = []url.URL{*clientURL}
-	ec.AdvertiseClientUrls = []url.URL{*clientURL}
-	ec.ListenPeerUrls = []url.URL{*peerURL}
-	ec.AdvertisePeerUrls = []url.URL{*peerURL}
-	ec.InitialCluster = m.cfg.Name + "=" + m.peerURL
-	ec.InitialClusterToken = "cp-rollout-sim"
-	ec.ClusterState = embed.ClusterStateFlagNew
-	// Like kubeadm's static pod: client certificate authentication on both sides.
-	ec.ClientTLSInfo.CertFile, ec.ClientTLSInfo.KeyFile = serverCrt, serverKey
-	ec.ClientTLSInfo.TrustedCAFile = caFile
-	ec.ClientTLSInfo.ClientCertAuth = true
-	ec.PeerTLSInfo.CertFile, ec.PeerTLSInfo.KeyFile = peerCrt, peerKey
-	ec.PeerTLSInfo.TrustedCAFile = caFile
-	ec.PeerTLSInfo.ClientCertAuth = true
+	args := []string{
+		"--name=" + m.cfg.Name,
+		"--data-dir=" + filepath.Join(m.cfg.DataDir, "etcd"),
+		"--listen-client-urls=" + m.clientURL,
+		"--advertise-client-urls=" + m.clientURL,
+		"--listen-peer-urls=" + m.peerURL,
+		"--initial-advertise-peer-urls=" + m.peerURL,
+		"--initial-cluster=" + initialCluster,
+		"--initial-cluster-token=cp-rollout-sim",
+		"--initial-cluster-state=" + state,
+		// Like kubeadm's static pod: client certificate authentication on both sides.
+		"--cert-file=" + serverCrt,
+		"--key-file=" + serverKey,
+		"--trusted-ca-file=" + caFile,
+		"--client-cert-auth=true",
+		"--peer-cert-file=" + peerCrt,
+		"--peer-key-file=" + peerKey,
+		"--peer-trusted-ca-file=" + caFile,
+		"--peer-client-cert-auth=true",
+		"--strict-reconfig-check=" + strconv.FormatBool(!m.cfg.RelaxedReconfigCheck),
+		"--quota-backend-bytes=" + strconv.FormatInt(m.cfg.QuotaBackendBytes, 10),
+		"--unsafe-no-fsync=" + strconv.FormatBool(m.cfg.UnsafeNoFsync),
+		// JSON on stderr is what the parent forwards to Config.Logger.
+		"--logger=zap",
+		"--log-outputs=stderr",
+		"--log-format=json",
+	}
 	if m.cfg.TickMs > 0 {
-		ec.TickMs = m.cfg.TickMs
+		args = append(args, "--heartbeat-interval="+strconv.FormatUint(uint64(m.cfg.TickMs), 10))
 	}
 	if m.cfg.ElectionMs > 0 {
-		ec.ElectionMs = m.cfg.ElectionMs
+		args = append(args, "--election-timeout="+strconv.FormatUint(uint64(m.cfg.ElectionMs), 10))
 	}
-	ec.QuotaBackendBytes = m.cfg.QuotaBackendBytes
-	ec.UnsafeNoFsync = m.cfg.UnsafeNoFsync
-	ec.StrictReconfigCheck = !m.cfg.RelaxedReconfigCheck
-	logger := m.cfg.Logger
-	if logger == nil {
-		logger = zap.NewNop()
-	}
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(logger.With(zap.String("member", m.cfg.Name)))
-	return ec, nil
+	return args, nil
 }
 
 // addAsLearner registers this member with the running cluster and returns the
@@ -412,27 +465,42 @@ func adminClient(ca *authority, endpoints []string) (*clientv3.Client, error) {
 			MinVersion:   tls.VersionTLS12,
 		},
 		Logger: zap.NewNop(),
+		// gRPC waits a second after a refused connection and longer after each next
+		// one; a member whose process is still starting refuses a few, and every start
+		// would pay for that backoff.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: joinCallTimeout,
+		})},
 	})
 }
 
-// portOrFree returns port, or a port free on ip right now when port is 0.
-func portOrFree(ip string, port int) (int, error) {
-	if port != 0 {
-		return port, nil
+// reservePorts returns the given ports, each 0 replaced by a port free on ip right now,
+// after checking that every one can be listened on. The listeners stay open until all
+// are chosen, so two free ports never come out the same; they are closed again for etcd
+// to take.
+func reservePorts(ip string, ports ...int) ([]int, error) {
+	out := make([]int, 0, len(ports))
+	for _, port := range ports {
+		l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
 	}
-	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return out, nil
 }
 
 // Name is the member name (the node name).
 func (m *Member) Name() string { return m.cfg.Name }
 
 // ID is the member ID etcd assigned.
-func (m *Member) ID() uint64 { return m.id }
+func (m *Member) ID() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.id
+}
 
 // ClientURL is the https URL clients reach this member at.
 func (m *Member) ClientURL() string { return m.clientURL }
@@ -440,20 +508,21 @@ func (m *Member) ClientURL() string { return m.clientURL }
 // PeerURL is the https URL other members reach this member at.
 func (m *Member) PeerURL() string { return m.peerURL }
 
-// Stopped is closed once the member has stopped, whether by Stop or by itself (a member
-// removed from the cluster shuts down). After Restart, call it again for the new run.
+// Stopped is closed once the member's etcd process has exited, whether by Stop, by itself
+// (a member removed from the cluster shuts down) or by a crash. After Restart, call it
+// again for the new run.
 func (m *Member) Stopped() <-chan struct{} {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.etcd.Server.StopNotify()
+	return m.proc.done
 }
 
-// Stop stops the member and keeps its data directory. It is safe to call more than once.
+// Stop stops the member and keeps its data directory: SIGTERM, as the kubelet stops a
+// static pod, then SIGKILL when etcd has not exited within a grace period. It returns
+// once the process is gone and is safe to call more than once.
 func (m *Member) Stop() {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if !m.stopped {
-		m.stopped = true
-		m.etcd.Close()
-	}
+	proc := m.proc
+	m.mu.Unlock()
+	proc.stop()
 }

@@ -4,11 +4,18 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
 	"sigs.k8s.io/cluster-api/util/certs"
@@ -64,14 +71,7 @@ func TestJoinAsKubeadmDoes(t *testing.T) {
 	}
 
 	// A member removed from the cluster stops by itself.
-	if _, err := cli.MemberRemove(ctx, b.ID()); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-b.Stopped():
-	case <-ctx.Done():
-		t.Fatal("removed member kept running")
-	}
+	removeAndWait(ctx, t, cli, b)
 }
 
 func TestFreePorts(t *testing.T) {
@@ -90,6 +90,20 @@ func TestFreePorts(t *testing.T) {
 	cli := client(t, caCert, caKey, m.ClientURL())
 	if _, err := cli.Put(ctx, "k", "v"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// removeAndWait removes m from the cluster and waits until it has stopped by itself, as
+// etcd does once it learns it was removed.
+func removeAndWait(ctx context.Context, t *testing.T, cli *clientv3.Client, m *member.Member) {
+	t.Helper()
+	if _, err := cli.MemberRemove(ctx, m.ID()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-m.Stopped():
+	case <-ctx.Done():
+		t.Fatal("removed member kept running")
 	}
 }
 
@@ -167,5 +181,88 @@ func TestRestartRejoinsWithItsIdentity(t *testing.T) {
 	list, err := cli.MemberList(ctx)
 	if err != nil || len(list.Members) != 2 {
 		t.Fatalf("members after restart: %v %v", list, err)
+	}
+}
+
+// TestRemovedMemberFailsAlone removes a member while Status calls hammer it. etcd v3.6
+// can panic answering one in the moment between its removal and its shutdown ("failed to
+// find local ID in cluster members"); that must end the member, as it ends the static pod
+// on a node, and never the process that started it.
+func TestRemovedMemberFailsAlone(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	caCert, caKey, err := member.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	cfg := func(name, ip string, existing ...string) member.Config {
+		return member.Config{Name: name, IP: ip, CACert: caCert, CAKey: caKey, DataDir: t.TempDir(),
+			ExistingClientURLs: existing, TickMs: 10, ElectionMs: 100, UnsafeNoFsync: true, RelaxedReconfigCheck: true,
+			Logger: zap.New(core)}
+	}
+	a, err := member.Start(ctx, cfg("node-a", "127.77.3.2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Stop)
+	b, err := member.Start(ctx, cfg("node-b", "127.77.3.3", a.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+
+	// As the monitors do: probe the member over and over, from several connections'
+	// worth of goroutines, until it is gone.
+	probe := client(t, caCert, caKey, b.ClientURL())
+	var calls atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-b.Stopped():
+					return
+				default:
+				}
+				callCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				_, _ = probe.Status(callCtx, b.ClientURL())
+				cancel()
+				calls.Add(1)
+			}
+		})
+	}
+	for calls.Load() < 50 {
+		time.Sleep(time.Millisecond)
+	}
+
+	cli := client(t, caCert, caKey, a.ClientURL())
+	removeAndWait(ctx, t, cli, b)
+	wg.Wait()
+	if _, err := cli.Put(ctx, "k", "v"); err != nil {
+		t.Fatalf("remaining member after the removal: %v", err)
+	}
+	panicked := logs.FilterMessageSnippet("failed to find local ID").Len() > 0
+	t.Logf("%d Status calls; the removed member panicked: %v", calls.Load(), panicked)
+}
+
+// TestTakenPortFailsStart: the simulator moves a node to another address when its ports
+// are taken, which it recognises by the listen error.
+func TestTakenPortFailsStart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	caCert, caKey, err := member.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken, err := net.Listen("tcp", "127.77.4.2:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	_, err = member.Start(ctx, member.Config{Name: "late", IP: "127.77.4.2", ClientPort: taken.Addr().(*net.TCPAddr).Port,
+		CACert: caCert, CAKey: caKey, DataDir: t.TempDir()})
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("start on a taken port: %v, want EADDRINUSE", err)
 	}
 }
