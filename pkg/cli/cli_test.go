@@ -81,6 +81,12 @@ func TestBadInputIsUsageError(t *testing.T) {
 		{"surge negative", []string{"upgrade", "demo", "--version", "v1.36.3", "--max-surge", "-2"}, "--max-surge must be 0 or 1"},
 		{"negative timeout", []string{"upgrade", "demo", "--version", "v1.36.3", "--health-timeout", "-1s"}, "--health-timeout must not be negative"},
 		{"bad duration", []string{"upgrade", "demo", "--version", "v1.36.3", "--settle", "soon"}, `invalid argument "soon"`},
+		{"plan with two targets", []string{"plan", "demo", "--version", "v1.36.3", "--replicas", "3"}, "not several"},
+		{"plan without target", []string{"plan", "demo"}, "needs one of"},
+		{"scale without replicas", []string{"scale", "demo"}, "--replicas is required"},
+		{"scale to zero", []string{"scale", "demo", "--replicas", "0"}, "at least 1"},
+		{"replace without machine", []string{"replace", "demo"}, "two arguments"},
+		{"status bad output", []string{"status", "demo", "-o", "xml"}, "--output must be one of"},
 		{"upgrade output yaml", []string{"upgrade", "demo", "--version", "v1.36.3", "-o", "yaml"}, "--output must be one of text, json"},
 	}
 	for _, tc := range cases {

@@ -65,7 +65,6 @@ the same plan.`,
 	f.Int32Var(&o.Replicas, "replicas", o.Replicas, "Plan a scale to this many machines")
 	f.StringVar(&o.Replace, "replace", "", "Plan the replacement of this machine")
 	f.BoolVar(&o.ExitCode, "exit-code", false, fmt.Sprintf("Exit %d when steps are pending, 0 when there is nothing to do", PendingExitCode))
-	cmd.MarkFlagsMutuallyExclusive("version", "replicas", "replace")
 	// The progress flags do not apply to a plan.
 	for _, name := range []string{"timeout", "provision-timeout", "health-timeout", "delete-timeout", "settle", "dry-run"} {
 		_ = f.MarkHidden(name)
@@ -78,6 +77,17 @@ the same plan.`,
 var errPending = errors.New("steps pending")
 
 func (o *PlanOptions) request(cmd *cobra.Command) (rollout.Request, error) {
+	// Checked here rather than with cobra's flag groups, whose error would not
+	// be marked as bad usage.
+	set := 0
+	for _, name := range []string{"version", "replicas", "replace"} {
+		if cmd.Flags().Changed(name) {
+			set++
+		}
+	}
+	if set > 1 {
+		return rollout.Request{}, exitcode.Usagef("plan takes one of --version, --replicas or --replace, not several")
+	}
 	switch {
 	case o.Version != "":
 		if _, err := rollout.ParseVersion(o.Version); err != nil {

@@ -193,24 +193,60 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if err := e.sim.ManagementClient().Create(ctx, worker); err != nil {
 		t.Fatal(err)
 	}
+	// A Cluster whose control plane is not a KubeadmControlPlane.
+	other := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "no-kcp", Namespace: "default"}}
+	other.Spec.ControlPlaneRef = clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.example.com", Kind: "OtherControlPlane", Name: "x"}
+	if err := e.sim.ManagementClient().Create(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	badConfig := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(badConfig, []byte("namespace: default\n\tcontext: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	before := quietVersions(t, e)
 	for _, tc := range []struct {
 		args []string
 		code int
 		says string
 	}{
+		{[]string{"upgrade", "demo", "--version", "1.36.3"}, 2, `must start with "v"`},
+		{[]string{"upgrade", "demo", "--version", "v1.36"}, 2, "not a semantic version"},
+		{[]string{"upgrade", "demo", "--version", "vlatest"}, 2, "not a semantic version"},
+		{[]string{"upgrade", "demo", "--version", "v1.36.3.1"}, 2, "not a semantic version"},
+		{[]string{"upgrade", "demo"}, 2, "--version is required"},
+		{[]string{"upgrade", "demo", "--version", "v1.34.0"}, 2, "downgrade"},
+		{[]string{"upgrade", "demo", "--version", "v1.35.1"}, 2, "downgrade"},
+		{[]string{"upgrade", "demo", "--version", "v1.37.0"}, 2, "skips a minor"},
+		{[]string{"upgrade", "demo", "--version", "v2.0.0"}, 2, "skips a minor"},
+		{[]string{"upgrade", "demo", "--version", to, "--max-surge", "2"}, 2, "--max-surge must be 0 or 1"},
+		{[]string{"upgrade", "demo", "--version", to, "--health-timeout", "-1m"}, 2, "must not be negative"},
+		{[]string{"upgrade", "demo", "--version", to, "--etcd-endpoint", "https://{{.Nope}}:2379"}, 2, "--etcd-endpoint"},
 		{[]string{"scale", "demo", "--replicas", "0"}, 2, "at least 1"},
 		{[]string{"scale", "demo", "--replicas", "2"}, 2, "odd"},
+		{[]string{"scale", "demo", "--replicas", "4"}, 2, "odd"},
 		{[]string{"scale", "demo", "--replicas", "-1"}, 2, "at least 1"},
+		{[]string{"scale", "demo"}, 2, "--replicas is required"},
+		{[]string{"scale", "demo", "--replicas", "1", "--max-surge", "0"}, 2, "--max-surge 0 needs at least 3"},
 		{[]string{"replace", "demo", worker.Name}, 2, "not a control-plane machine"},
 		{[]string{"replace", "demo", "no-such-machine"}, 2, "not a control-plane machine"},
-		{[]string{"upgrade", "demo", "--version", "v1.34.0"}, 2, "downgrade"},
-		{[]string{"upgrade", "demo", "--version", "v1.37.0"}, 2, "skips a minor"},
-		{[]string{"upgrade", "nope", "--version", to}, 3, "not found"},
+		{[]string{"replace", "demo"}, 2, "two arguments"},
+		{[]string{"plan", "demo", "--version", to, "--replicas", "3"}, 2, "not several"},
+		{[]string{"plan", "demo"}, 2, "needs one of --version, --replicas or --replace"},
+		{[]string{"upgrade", "nope", "--version", to}, 3, "cluster default/nope not found"},
+		{[]string{"upgrade", "demo", "--version", to, "-n", "no-such-namespace"}, 3, "not found"},
+		{[]string{"upgrade", "demo", "--version", to, "--context", "no-such-context"}, 2, "no-such-context"},
+		{[]string{"upgrade", "no-kcp", "--version", to}, 3, "not a KubeadmControlPlane"},
+		{[]string{"upgrade", "demo", "--version", to, "--kcp-version", "v1.13.2"}, 3, "supports v1.14.x"},
+		{[]string{"upgrade", "demo", "--version", to, "--as", "nobody"}, 1, "forbidden"},
+		{[]string{"upgrade", "demo", "--version", to, "--config", badConfig}, 2, "line 2"},
+		{[]string{"upgarde", "demo"}, 2, "unknown command"},
 	} {
 		r := e.plugin(t, ctx, tc.args...)
 		if r.code != tc.code || !strings.Contains(r.stderr, tc.says) {
 			t.Errorf("%v: exit %d, stderr %q; want exit %d mentioning %q", tc.args, r.code, r.stderr, tc.code, tc.says)
+		}
+		if lines := strings.Count(strings.TrimSpace(r.stderr), "\n") + 1; lines > 2 {
+			t.Errorf("%v: %d lines on stderr, want the reason and at most a usage hint", tc.args, lines)
 		}
 	}
 	assertUnchanged(t, before, versions(t, e))
