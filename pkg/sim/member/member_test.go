@@ -23,6 +23,8 @@ import (
 
 // TestJoinAsKubeadmDoes starts a member, joins a second one through it and a third that
 // stays a learner, and checks what etcd itself reports.
+// It uses the kubeadm ports, on addresses no other package's tests take (the simulator's
+// tests use 127.77.0 and 127.77.1).
 func TestJoinAsKubeadmDoes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -44,12 +46,12 @@ func TestJoinAsKubeadmDoes(t *testing.T) {
 		t.Cleanup(m.Stop)
 		return m
 	}
-	a := start("node-a", "127.77.0.2", nil, false)
-	if a.ClientURL() != "https://127.77.0.2:2379" {
+	a := start("node-a", "127.77.5.2", nil, false)
+	if a.ClientURL() != "https://127.77.5.2:2379" {
 		t.Fatalf("client URL %s", a.ClientURL())
 	}
-	b := start("node-b", "127.77.0.3", []string{a.ClientURL()}, false)
-	start("node-c", "127.77.0.4", []string{a.ClientURL(), b.ClientURL()}, true)
+	b := start("node-b", "127.77.5.3", []string{a.ClientURL()}, false)
+	start("node-c", "127.77.5.4", []string{a.ClientURL(), b.ClientURL()}, true)
 
 	cli := client(t, caCert, caKey, a.ClientURL())
 	list, err := cli.MemberList(ctx)
