@@ -85,6 +85,7 @@ func TestBadInputIsUsageError(t *testing.T) {
 		{"plan without target", []string{"plan", "demo"}, "needs one of"},
 		{"scale without replicas", []string{"scale", "demo"}, "--replicas is required"},
 		{"scale to zero", []string{"scale", "demo", "--replicas", "0"}, "at least 1"},
+		{"scale negative", []string{"scale", "demo", "--replicas", "-1"}, "at least 1"},
 		{"replace without machine", []string{"replace", "demo"}, "two arguments"},
 		{"status bad output", []string{"status", "demo", "-o", "xml"}, "--output must be one of"},
 		{"upgrade output yaml", []string{"upgrade", "demo", "--version", "v1.36.3", "-o", "yaml"}, "--output must be one of text, json"},

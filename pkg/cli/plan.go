@@ -30,7 +30,7 @@ type PlanOptions struct {
 
 // NewCmdPlan returns the plan verb.
 func NewCmdPlan(root *RootOptions) *cobra.Command {
-	o := &PlanOptions{Streams: root.Streams, Replicas: -1}
+	o := &PlanOptions{Streams: root.Streams}
 	o.Root = root
 	cmd := &cobra.Command{
 		Use:   "plan CLUSTER (--version V | --replicas N | --replace MACHINE)",

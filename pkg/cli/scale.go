@@ -17,7 +17,7 @@ type ScaleOptions struct {
 
 // NewCmdScale returns the scale verb.
 func NewCmdScale(root *RootOptions) *cobra.Command {
-	o := &ScaleOptions{Streams: root.Streams, Replicas: -1}
+	o := &ScaleOptions{Streams: root.Streams}
 	o.Root = root
 	cmd := &cobra.Command{
 		Use:   "scale CLUSTER --replicas N",
@@ -32,6 +32,9 @@ be odd.`,
 		Args:    clusterArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Cluster = args[0]
+			if !cmd.Flags().Changed("replicas") {
+				return exitcode.Usagef("--replicas is required, e.g. --replicas 3")
+			}
 			if err := o.Validate(); err != nil {
 				return err
 			}
@@ -47,9 +50,6 @@ be odd.`,
 // be odd depends on the cluster (stacked or external etcd) and is checked
 // against it, before anything changes.
 func (o *ScaleOptions) Validate() error {
-	if o.Replicas == -1 {
-		return exitcode.Usagef("--replicas is required, e.g. --replicas 3")
-	}
 	if o.Replicas < 1 {
 		return exitcode.Usagef("--replicas must be at least 1, not %d", o.Replicas)
 	}
