@@ -55,9 +55,11 @@ func (s *Sim) RestartManagementAPIServer(ctx context.Context) error {
 		return fmt.Errorf("stopping the management API server: %w", err)
 	}
 	cmd := exec.Command(path, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting the management API server again: %w", err)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	var startErr error
+	onOwnThread(s.threadsRelease, func() { startErr = cmd.Start() })
+	if startErr != nil {
+		return fmt.Errorf("starting the management API server again: %w", startErr)
 	}
 	s.restarted = cmd
 	return waitPort(ctx, addr, true)

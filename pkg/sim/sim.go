@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"sync"
 	"time"
@@ -119,6 +120,9 @@ type Sim struct {
 
 	shutdowns []func() // after the managers stop
 
+	binDir         string        // parent-death wrappers for the envtest binaries
+	threadsRelease chan struct{} // ends the threads that started the clusters
+
 	restartMu sync.Mutex
 	restarted *exec.Cmd // the management API server after RestartManagementAPIServer
 
@@ -203,7 +207,22 @@ func (s *Sim) startClusters(ctx context.Context) error {
 		builder.GenericInfrastructureMachineCRD.DeepCopy(),
 		builder.GenericInfrastructureMachineTemplateCRD.DeepCopy(),
 	)
+	s.binDir, err = os.MkdirTemp("", "cp-rollout-sim-bin-")
+	if err != nil {
+		return err
+	}
+	apiServerBin, etcdBin, err := lifetimeBinaries(s.opts.AssetsDir, s.binDir)
+	if err != nil {
+		return err
+	}
+	controlPlane := func() envtest.ControlPlane {
+		return envtest.ControlPlane{
+			APIServer: &envtest.APIServer{Path: apiServerBin},
+			Etcd:      &envtest.Etcd{Path: etcdBin},
+		}
+	}
 	s.mgmtEnv = &envtest.Environment{
+		ControlPlane:          controlPlane(),
 		BinaryAssetsDirectory: s.opts.AssetsDir,
 		Scheme:                Scheme(),
 		CRDs:                  crdList,
@@ -214,6 +233,7 @@ func (s *Sim) startClusters(ctx context.Context) error {
 		ControlPlaneStopTimeout:  time.Minute,
 	}
 	s.workloadEnv = &envtest.Environment{
+		ControlPlane:             controlPlane(),
 		BinaryAssetsDirectory:    s.opts.AssetsDir,
 		ControlPlaneStartTimeout: time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
@@ -221,16 +241,17 @@ func (s *Sim) startClusters(ctx context.Context) error {
 	// envtest reads KUBEBUILDER_ASSETS before BinaryAssetsDirectory; both
 	// point at the same binaries when set, and AssetsDir already checked them.
 
+	s.threadsRelease = make(chan struct{})
 	var wg sync.WaitGroup
 	var mgmtErr, workloadErr error
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		s.mgmtConfig, mgmtErr = s.mgmtEnv.Start()
+		onOwnThread(s.threadsRelease, func() { s.mgmtConfig, mgmtErr = s.mgmtEnv.Start() })
 	}()
 	go func() {
 		defer wg.Done()
-		s.workloadConfig, workloadErr = s.workloadEnv.Start()
+		onOwnThread(s.threadsRelease, func() { s.workloadConfig, workloadErr = s.workloadEnv.Start() })
 	}()
 	wg.Wait()
 	if mgmtErr != nil {
@@ -309,6 +330,12 @@ func (s *Sim) Stop() error {
 			}()
 		}
 		envWG.Wait()
+		if s.threadsRelease != nil {
+			close(s.threadsRelease)
+		}
+		if s.binDir != "" {
+			_ = os.RemoveAll(s.binDir)
+		}
 		s.errMu.Lock()
 		errs = append(errs, s.errs...)
 		s.errMu.Unlock()
