@@ -121,20 +121,21 @@ func (m *monitor) sample(ctx context.Context) {
 	}
 
 	if members != nil {
-		voting, healthy := 0, 0
-		for _, mb := range members {
-			if mb.Voting() {
-				voting++
-				if mb.Healthy {
-					healthy++
-				}
+		voting, healthy := count(members)
+		if voting > 0 && (healthy < voting/2+1 || healthy < m.minHealthy) {
+			// One probe of each member can fail on a starved machine without
+			// the member being down: a breach must still be there when asked
+			// again at once.
+			if again, err := m.etcd.Members(ctx, nodes); err == nil {
+				members = again
+				voting, healthy = count(members)
 			}
 		}
 		if voting > 0 && healthy < voting/2+1 {
-			m.breach("etcd below quorum: %d of %d voting members healthy", healthy, voting)
+			m.breach("etcd below quorum: %d of %d voting members healthy: %s", healthy, voting, describe(members))
 		}
 		if voting > 0 && healthy < m.minHealthy {
-			m.breach("only %d healthy voting etcd members, want at least %d", healthy, m.minHealthy)
+			m.breach("only %d healthy voting etcd members, want at least %d: %s", healthy, m.minHealthy, describe(members))
 		}
 		m.mu.Lock()
 		m.lowHealthy = min(m.lowHealthy, healthy)
@@ -165,6 +166,26 @@ func (m *monitor) sample(ctx context.Context) {
 			}
 		}
 	}
+}
+
+func count(members []etcd.Member) (voting, healthy int) {
+	for _, mb := range members {
+		if mb.Voting() {
+			voting++
+			if mb.Healthy {
+				healthy++
+			}
+		}
+	}
+	return voting, healthy
+}
+
+func describe(members []etcd.Member) string {
+	var out []string
+	for _, mb := range members {
+		out = append(out, fmt.Sprintf("%s healthy=%v %s", mb, mb.Healthy, strings.Join(mb.Errors, "; ")))
+	}
+	return strings.Join(out, " | ")
 }
 
 // seen marks name in set and reports whether it was there already.
