@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strconv"
@@ -381,6 +382,10 @@ func CreateMachineAsKCP(ctx context.Context, c client.Client, cluster *clusterv1
 	if err := apply(ctx, c, infraMachine); err != nil {
 		return nil, fmt.Errorf("creating InfraMachine %s: %w", machine.Name, err)
 	}
+	if err := dropMetadataOwnership(ctx, c, infraMachine); err != nil {
+		_ = c.Delete(ctx, infraMachine)
+		return nil, fmt.Errorf("creating InfraMachine %s: %w", machine.Name, err)
+	}
 	machine.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
 		APIGroup: infraMachine.GroupVersionKind().Group,
 		Kind:     infraMachine.GetKind(),
@@ -390,8 +395,12 @@ func CreateMachineAsKCP(ctx context.Context, c client.Client, cluster *clusterv1
 	if err != nil {
 		return nil, err
 	}
-	if err := apply(ctx, c, config); err != nil {
+	if err := apply(ctx, c, config); err == nil {
+		err = dropMetadataOwnership(ctx, c, config)
+	}
+	if err != nil {
 		_ = c.Delete(ctx, infraMachine)
+		_ = c.Delete(ctx, config)
 		return nil, fmt.Errorf("creating KubeadmConfig %s: %w", machine.Name, err)
 	}
 	machine.Spec.Bootstrap.ConfigRef = clusterv1.ContractVersionedObjectReference{
@@ -432,6 +441,50 @@ func apply(ctx context.Context, c client.Client, obj client.Object) error {
 		return runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj)
 	}
 	return nil
+}
+
+// dropMetadataOwnership gives up KCP's field manager's claim on the labels
+// and annotations of an object it just created, as KCP does right after
+// creating an InfraMachine or KubeadmConfig: its metadata field manager owns
+// them from then on, so a label removed from the KCP machine template is
+// removed from the object too. Server-side apply cannot drop a claim, so the
+// managedFields entry is edited and written back with a merge patch.
+func dropMetadataOwnership(ctx context.Context, c client.Client, obj client.Object) error {
+	base := obj.DeepCopyObject().(client.Object)
+	fields := obj.GetManagedFields()
+	changed := false
+	for i, entry := range fields {
+		if entry.Manager != kcpFieldManager || entry.Operation != metav1.ManagedFieldsOperationApply || entry.Subresource != "" || entry.FieldsV1 == nil {
+			continue
+		}
+		owned := map[string]any{}
+		if err := json.Unmarshal(entry.FieldsV1.Raw, &owned); err != nil {
+			return err
+		}
+		metadata, _ := owned["f:metadata"].(map[string]any)
+		if metadata == nil {
+			continue
+		}
+		for _, k := range []string{"f:labels", "f:annotations"} {
+			if _, ok := metadata[k]; ok {
+				delete(metadata, k)
+				changed = true
+			}
+		}
+		if len(metadata) == 0 {
+			delete(owned, "f:metadata")
+		}
+		raw, err := json.Marshal(owned)
+		if err != nil {
+			return err
+		}
+		fields[i].FieldsV1 = &metav1.FieldsV1{Raw: raw}
+	}
+	if !changed {
+		return nil
+	}
+	obj.SetManagedFields(fields)
+	return c.Patch(ctx, obj, client.MergeFrom(base))
 }
 
 func ensureNamespace(ctx context.Context, c client.Client, name string) error {

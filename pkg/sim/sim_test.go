@@ -23,6 +23,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -301,6 +302,26 @@ func TestCapacityHoldsBackSurgeMachine(t *testing.T) {
 	}
 	if _, ok := s.Nodes()[surge.Name]; ok {
 		t.Fatal("surge machine took a slot beyond capacity")
+	}
+
+	// As KCP does, the creating field manager keeps no claim on labels and
+	// annotations of the KubeadmConfig.
+	config := &bootstrapv1.KubeadmConfig{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: surge.Namespace, Name: surge.Spec.Bootstrap.ConfigRef.Name}, config); err != nil {
+		t.Fatal(err)
+	}
+	applied := false
+	for _, f := range config.ManagedFields {
+		if f.Manager != "capi-kubeadmcontrolplane" || f.FieldsV1 == nil {
+			continue
+		}
+		applied = true
+		if strings.Contains(string(f.FieldsV1.Raw), `"f:labels"`) {
+			t.Errorf("capi-kubeadmcontrolplane still owns labels: %s", f.FieldsV1.Raw)
+		}
+	}
+	if !applied {
+		t.Error("KubeadmConfig was not applied by capi-kubeadmcontrolplane")
 	}
 }
 
