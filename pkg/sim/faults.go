@@ -29,6 +29,22 @@ func (s *Sim) StopMember(nodeName string) error {
 	return nil
 }
 
+// RestartMember starts a member StopMember stopped again with its identity and
+// data, as a node whose etcd comes back after a crash.
+func (s *Sim) RestartMember(ctx context.Context, nodeName string) error {
+	n := s.provider.nodeByName(nodeName)
+	if n == nil {
+		return fmt.Errorf("%w: %s", errUnknownNode, nodeName)
+	}
+	s.provider.mu.Lock()
+	m := n.member
+	s.provider.mu.Unlock()
+	if m == nil {
+		return fmt.Errorf("node %s runs no etcd member", nodeName)
+	}
+	return m.Restart(ctx)
+}
+
 // SetStaticPodReady turns the named node's static pod of component (one of
 // Components) ready or unready, as its kubelet would report a failing probe.
 func (s *Sim) SetStaticPodReady(ctx context.Context, nodeName, component string, ready bool) error {

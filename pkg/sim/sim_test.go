@@ -512,7 +512,7 @@ func TestFaults(t *testing.T) {
 		}
 	})
 
-	t.Run("a stopped member is listed unhealthy", func(t *testing.T) {
+	t.Run("a stopped member is listed unhealthy, and healthy once restarted", func(t *testing.T) {
 		if err := s.StopMember(node.Name); err != nil {
 			t.Fatal(err)
 		}
@@ -530,6 +530,14 @@ func TestFaults(t *testing.T) {
 		})
 		if ok, _, _ := s.Ready(ctx); ok {
 			t.Fatal("Ready with a stopped member")
+		}
+		if err := s.RestartMember(ctx, node.Name); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if err := s.WaitReady(wctx); err != nil {
+			t.Fatal(err)
 		}
 	})
 
