@@ -292,17 +292,34 @@ func (mc *memberConn) status(ctx context.Context) (*clientv3.StatusResponse, err
 }
 
 // retry calls attempt until it succeeds, fails permanently or runs out of attempts.
+// reconfigSettle bounds the brisk polling through etcd's post-join refusal of
+// membership changes (five seconds, plus slack); reconfigPoll is its interval.
+const (
+	reconfigSettle = 8 * time.Second
+	reconfigPoll   = 250 * time.Millisecond
+)
+
 func retry(ctx context.Context, cfg *Config, attempt func(context.Context) error, wrap func(error) error) error {
 	delay := cfg.Backoff
 	var err error
+	// etcd refuses membership changes for five seconds after a member
+	// (re)connects — every replacement's join triggers it. That refusal ends
+	// at a known time, so it is polled briskly within its own budget instead
+	// of backing off exponentially past the moment it lifts.
+	settling := time.Now().Add(reconfigSettle)
 	for i := 0; i < cfg.Attempts; i++ {
 		if i > 0 {
+			wait := delay
+			if rpctypes.Error(err) == rpctypes.ErrUnhealthy && time.Now().Before(settling) {
+				wait, i = reconfigPoll, i-1 // does not use up an attempt
+			} else {
+				delay *= 2
+			}
 			select {
 			case <-ctx.Done():
 				return wrap(fmt.Errorf("%w (last error: %v)", context.Cause(ctx), err))
-			case <-time.After(delay):
+			case <-time.After(wait):
 			}
-			delay *= 2
 		}
 		err = attempt(ctx)
 		if err == nil || !transient(ctx, err) {
