@@ -55,7 +55,7 @@ type Engine struct {
 	Changes  *Changes
 	Reporter progress.Reporter
 	// Lock, when set, is the run's Lease: every step first checks it is held.
-	Lock *controlplane.Lock
+	Lock     *controlplane.Lock
 	Timeouts Timeouts
 
 	// Total is the number of machine steps the run expects, for [k/n].
