@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -49,7 +48,7 @@ func BenchmarkUpgradeThreeReplicas(b *testing.B) {
 // benchEnv starts a simulator for a benchmark (startSim wants a *testing.T).
 func benchEnv(b *testing.B, opts sim.Options) (*sim.Sim, string) {
 	b.Helper()
-	opts.AddressPrefix = fmt.Sprintf("127.0.%d", 100+prefixes.Add(1))
+	opts.AddressPrefix = addressPrefix()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	s, err := sim.Start(ctx, opts)

@@ -38,8 +38,13 @@ func TestMain(m *testing.M) {
 }
 
 // prefixes hands each simulator its own loopback /24: members use the kubeadm
-// ports, so two simulators must not share addresses.
+// ports, so two simulators must not share addresses — nor two test processes
+// running at once, hence the second octet from the process id.
 var prefixes atomic.Int32
+
+func addressPrefix() string {
+	return fmt.Sprintf("127.%d.%d", 100+os.Getpid()%100, prefixes.Add(1))
+}
 
 type env struct {
 	sim        *sim.Sim
@@ -49,7 +54,7 @@ type env struct {
 func startSim(t *testing.T, opts sim.Options) *env {
 	t.Helper()
 	if opts.AddressPrefix == "" {
-		opts.AddressPrefix = fmt.Sprintf("127.0.%d", 100+prefixes.Add(1))
+		opts.AddressPrefix = addressPrefix()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
