@@ -37,7 +37,8 @@ func TestClientCertificatePerKeyType(t *testing.T) {
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(ca)
-	now := time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)
+	// A fixed moment inside the CA's validity, which starts at its creation.
+	now := time.Now().Add(time.Minute).Truncate(time.Second)
 	for _, tt := range []struct {
 		algorithm bootstrapv1.EncryptionAlgorithmType
 		check     func(any) bool
@@ -108,7 +109,8 @@ func TestClientCertificateRemintedNearExpiry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)
+	// A fixed moment inside the CA's validity, which starts at its creation.
+	now := time.Now().Add(time.Minute).Truncate(time.Second)
 	creds, err := etcd.NewCredentials(caCert, caKey, bootstrapv1.EncryptionAlgorithmECDSAP256, etcd.WithClock(func() time.Time { return now }))
 	if err != nil {
 		t.Fatal(err)
