@@ -290,6 +290,3 @@ func HasCleanupHook(m *clusterv1.Machine) bool {
 	_, ok := m.Annotations[controlplanev1.PreTerminateHookCleanupAnnotation]
 	return ok
 }
-
-// notDeleting selects machines that are not being deleted.
-func notDeleting(m *clusterv1.Machine) bool { return m != nil && m.DeletionTimestamp.IsZero() }

@@ -8,6 +8,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -49,7 +50,7 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 
 	// What KCP faces now, in its own terms.
 	outdated, _ := cp.MachinesNeedingRollout()
-	want, have := int(ptr.Deref(cp.KCP.Spec.Replicas, 1)), cp.Machines.Filter(notDeleting).Len()
+	want, have := int(ptr.Deref(cp.KCP.Spec.Replicas, 1)), cp.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)).Len()
 	var todo []string
 	if outdated.Len() > 0 {
 		todo = append(todo, fmt.Sprintf("roll out %d outdated machine(s) (%s) to %s", outdated.Len(), strings.Join(outdated.Names(), ", "), cp.KCP.Spec.Version))

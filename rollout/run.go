@@ -8,6 +8,8 @@ import (
 	"os/user"
 	"time"
 
+	"sigs.k8s.io/cluster-api/util/collections"
+
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -65,7 +67,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	t := TargetFor(want, r)
 	p := &Prepared{Request: r, Snapshot: &future, Target: t}
 	outdated := NeedingRollout(&future, t).Len()
-	delta := int(t.Replicas) - s.CP.Machines.Filter(notDeleting).Len()
+	delta := int(t.Replicas) - s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)).Len()
 	p.Steps = outdated + max(delta, -delta)
 	if rec == nil && outdated == 0 && delta == 0 && Deleting(s).Len() == 0 {
 		return p, ErrNothingToDo

@@ -45,34 +45,8 @@ func BenchmarkUpgradeThreeReplicas(b *testing.B) {
 	}
 }
 
-// benchEnv starts a simulator for a benchmark (startSim wants a *testing.T).
-func benchEnv(b *testing.B, opts sim.Options) (*sim.Sim, string) {
-	b.Helper()
-	opts.AddressPrefix = addressPrefix()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	s, err := sim.Start(ctx, opts)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = s.Stop() })
-	if err := s.WaitReady(ctx); err != nil {
-		b.Fatal(err)
-	}
-	raw, err := s.ManagementKubeconfig()
-	if err != nil {
-		b.Fatal(err)
-	}
-	path := b.TempDir() + "/kubeconfig"
-	if err := os.WriteFile(path, raw, 0o600); err != nil {
-		b.Fatal(err)
-	}
-	return s, path
-}
-
 func timeToolUpgrade(b *testing.B, opts sim.Options) time.Duration {
-	s, kubeconfig := benchEnv(b, opts)
-	e := &env{sim: s, kubeconfig: kubeconfig}
+	e := startSim(b, opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	r := e.plugin(b, ctx, "upgrade", "demo", "--version", to)
@@ -86,7 +60,7 @@ func timeToolUpgrade(b *testing.B, opts sim.Options) time.Duration {
 // would without the tool, and times the real KCP controller until every
 // machine runs it and the control plane is settled.
 func timeKCPUpgrade(b *testing.B, opts sim.Options) time.Duration {
-	s, _ := benchEnv(b, opts)
+	s := startSim(b, opts).sim
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	kcp := &controlplanev1.KubeadmControlPlane{}

@@ -51,7 +51,7 @@ type env struct {
 	kubeconfig string
 }
 
-func startSim(t *testing.T, opts sim.Options) *env {
+func startSim(t testing.TB, opts sim.Options) *env {
 	t.Helper()
 	if opts.AddressPrefix == "" {
 		opts.AddressPrefix = addressPrefix()
@@ -81,6 +81,17 @@ func startSim(t *testing.T, opts sim.Options) *env {
 	return &env{sim: s, kubeconfig: path}
 }
 
+// command is `kubectl cp-rollout args...` aimed at the simulator, with the
+// plugin first on PATH and no configuration file of the developer's.
+func (e *env) command(t testing.TB, ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "kubectl", append([]string{"cp-rollout"}, args...)...)
+	cmd.Env = append(os.Environ(),
+		"PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"),
+		"KUBECONFIG="+e.kubeconfig,
+		"XDG_CONFIG_HOME="+t.TempDir())
+	return cmd
+}
+
 type result struct {
 	code           int
 	stdout, stderr string
@@ -90,11 +101,7 @@ type result struct {
 // plugin runs `kubectl cp-rollout args...` against the simulator.
 func (e *env) plugin(t testing.TB, ctx context.Context, args ...string) result {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, "kubectl", append([]string{"cp-rollout"}, args...)...)
-	cmd.Env = append(os.Environ(),
-		"PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"),
-		"KUBECONFIG="+e.kubeconfig,
-		"XDG_CONFIG_HOME="+t.TempDir())
+	cmd := e.command(t, ctx, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	began := time.Now()

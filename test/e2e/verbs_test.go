@@ -265,11 +265,7 @@ type running struct {
 
 func (e *env) start(t *testing.T, args ...string) *running {
 	t.Helper()
-	cmd := exec.Command("kubectl", append([]string{"cp-rollout"}, args...)...)
-	cmd.Env = append(os.Environ(),
-		"PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"),
-		"KUBECONFIG="+e.kubeconfig,
-		"XDG_CONFIG_HOME="+t.TempDir())
+	cmd := e.command(t, context.Background(), args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
