@@ -3,11 +3,14 @@ package rollout
 import (
 	"context"
 	"fmt"
+	"strings"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/collections"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
@@ -125,10 +128,19 @@ func refuse(err error) Step {
 }
 
 func deletionReason(m *clusterv1.Machine) string {
-	if !HasCleanupHook(m) {
-		return fmt.Sprintf("machine %s is deleting: waiting until it is gone", m.Name)
+	reason := fmt.Sprintf("machine %s is deleting: waiting until it is gone", m.Name)
+	if HasCleanupHook(m) {
+		reason = fmt.Sprintf("machine %s is deleting: waiting for its pre-terminate stage (drain, other hooks)", m.Name)
 	}
-	return fmt.Sprintf("machine %s is deleting: waiting for its pre-terminate stage (drain, other hooks)", m.Name)
+	// The Machine controller says which stage it is in: that is what an
+	// operator needs when the wait does not end.
+	if c := conditions.Get(m, clusterv1.MachineDeletingCondition); c != nil && c.Status == metav1.ConditionTrue {
+		reason += "; the Machine controller reports " + c.Reason
+		if msg := strings.Join(strings.Fields(c.Message), " "); msg != "" {
+			reason += ": " + msg
+		}
+	}
+	return reason
 }
 
 // create places one new machine in the failure domain KCP would pick: the one

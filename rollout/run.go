@@ -8,6 +8,7 @@ import (
 	"os/user"
 	"time"
 
+	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
@@ -146,6 +147,9 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 	if live, err = e.ControlPlane.Read(runCtx); err != nil {
 		return err
 	}
+	if err := e.removeOrphans(runCtx, live); err != nil {
+		return err
+	}
 	if outdated, _ := live.MachinesNeedingRollout(); outdated.Len() > 0 {
 		if err := e.Workload.PrepareRollout(runCtx, live.KCP, etcd.Managed(live.KCP)); err != nil {
 			return err
@@ -166,6 +170,25 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 		return err
 	}
 	e.report("handback", "", progress.Done, "KubeadmControlPlane "+s.CP.KCP.Name+" unpaused; KCP is in charge again", began)
+	return nil
+}
+
+// removeOrphans deletes what a killed run left between creating a
+// replacement's InfraMachine and KubeadmConfig and creating its Machine.
+func (e *Engine) removeOrphans(ctx context.Context, cp *pkg.ControlPlane) error {
+	orphans, err := e.ControlPlane.Orphans(ctx, cp)
+	if err != nil {
+		return err
+	}
+	for _, obj := range orphans {
+		began := time.Now()
+		kind := obj.GetObjectKind().GroupVersionKind().Kind
+		e.report("remove-orphan", obj.GetName(), progress.Started, kind+" "+obj.GetName()+" has no Machine: an interrupted run created it; deleting it", began)
+		if err := e.ControlPlane.DeleteOrphan(ctx, obj); err != nil {
+			return err
+		}
+		e.report("remove-orphan", obj.GetName(), progress.Done, kind+" "+obj.GetName()+" deleted", began)
+	}
 	return nil
 }
 

@@ -3,9 +3,13 @@ package sim
 import (
 	"context"
 	"fmt"
+	"syscall"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -66,4 +70,47 @@ func (s *Sim) NeverProvisionNext() {
 	s.provider.mu.Lock()
 	s.provider.neverProvisionNext = true
 	s.provider.mu.Unlock()
+}
+
+// RecoverProvisioning lets every host NeverProvisionNext held back boot after
+// all, as a provider whose outage is fixed: each provisions in the ordinary
+// way from now on.
+func (s *Sim) RecoverProvisioning(ctx context.Context) error {
+	p := s.provider
+	p.mu.Lock()
+	var stuck []string
+	for name, n := range p.nodes {
+		if n.stuck {
+			stuck = append(stuck, name)
+			delete(p.nodes, name)
+		}
+	}
+	p.mu.Unlock()
+	// The provider stopped requeueing them; an annotation wakes it.
+	for _, name := range stuck {
+		im := &unstructured.Unstructured{}
+		im.SetGroupVersionKind(infraMachineGVK)
+		im.SetNamespace(s.opts.Namespace)
+		im.SetName(name)
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{"sim.cp-rollout.io/recovered":%q}}}`, time.Now().UTC().Format(time.RFC3339Nano))
+		if err := s.mgmt.Patch(ctx, im, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+			return fmt.Errorf("waking the provider for %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// FreezeWorkloadAPIServer stops the workload cluster's kube-apiserver process
+// in its tracks (SIGSTOP), as a network that drops every packet to it would:
+// connections hang rather than fail. thaw lets it go on.
+func (s *Sim) FreezeWorkloadAPIServer() (thaw func() error, err error) {
+	port := s.workloadEnv.ControlPlane.APIServer.SecureServing.Port
+	pid, _, err := findChild("kube-apiserver", "--secure-port="+port)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return nil, fmt.Errorf("freezing the workload API server: %w", err)
+	}
+	return func() error { return syscall.Kill(pid, syscall.SIGCONT) }, nil
 }

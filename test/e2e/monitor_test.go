@@ -9,11 +9,18 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/external"
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
+	"sigs.k8s.io/cluster-api/util/test/builder"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
 )
@@ -311,6 +318,42 @@ func assertConverged(t *testing.T, e *env, replicas int, version string) {
 			t.Errorf("node %s has %d etcd members, want 1", n, count)
 		}
 	}
+	for _, name := range orphans(t, e) {
+		t.Errorf("%s belongs to no Machine", name)
+	}
+}
+
+// orphans lists the InfraMachines and KubeadmConfigs of the namespace whose
+// Machine does not exist.
+func orphans(t *testing.T, e *env) []string {
+	t.Helper()
+	ctx := context.Background()
+	c := e.sim.ManagementClient()
+	machines, err := e.sim.Machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exists := map[string]bool{}
+	for _, m := range machines {
+		exists[m.Name] = true
+	}
+	infras := &unstructured.UnstructuredList{}
+	infras.SetGroupVersionKind(builder.InfrastructureGroupVersion.WithKind(builder.GenericInfrastructureMachineKind + "List"))
+	configs := &bootstrapv1.KubeadmConfigList{}
+	var out []string
+	for kind, list := range map[string]client.ObjectList{"InfraMachine": infras, "KubeadmConfig": configs} {
+		if err := c.List(ctx, list, client.InNamespace(e.sim.ClusterKey().Namespace)); err != nil {
+			t.Fatal(err)
+		}
+		_ = meta.EachListItem(list, func(o runtime.Object) error {
+			obj := o.(client.Object)
+			if !exists[obj.GetName()] && obj.GetDeletionTimestamp() == nil {
+				out = append(out, kind+" "+obj.GetName())
+			}
+			return nil
+		})
+	}
+	return out
 }
 
 // assertKCPIdle checks that the real KCP controller, in charge again, creates

@@ -257,10 +257,17 @@ func ptrTo(s string) *string { return &s }
 // startPlugin starts `kubectl cp-rollout args... -o json` and streams its
 // events; stop sends SIGINT.
 type running struct {
-	cmd    *exec.Cmd
-	events chan map[string]any
-	done   chan struct{}
-	code   int
+	cmd     *exec.Cmd
+	events  chan map[string]any
+	done    chan struct{}
+	code    int
+	errPath string
+}
+
+// stderr is what the run has written to its standard error so far.
+func (r *running) stderr() string {
+	raw, _ := os.ReadFile(r.errPath)
+	return string(raw)
 }
 
 func (e *env) start(t *testing.T, args ...string) *running {
@@ -276,7 +283,7 @@ func (e *env) start(t *testing.T, args ...string) *running {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r := &running{cmd: cmd, events: make(chan map[string]any, 1000), done: make(chan struct{})}
+	r := &running{cmd: cmd, events: make(chan map[string]any, 1000), done: make(chan struct{}), errPath: logFile}
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {

@@ -1,0 +1,273 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+)
+
+// gate is a validating admission webhook on the management API server that
+// holds the first Machine request it matches until the test has killed the
+// tool, then denies it: the request never takes effect, exactly as if the tool
+// had died just before sending it. It lets a test kill the tool between two
+// API calls that are milliseconds apart.
+type gate struct {
+	held    chan *admissionv1.AdmissionRequest
+	release chan struct{}
+	once    sync.Once
+}
+
+func openGate(t *testing.T, e *env, op admissionregistrationv1.OperationType, match func(*admissionv1.AdmissionRequest) bool) *gate {
+	t.Helper()
+	g := &gate{held: make(chan *admissionv1.AdmissionRequest, 1), release: make(chan struct{})}
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		review := &admissionv1.AdmissionReview{}
+		if err := json.NewDecoder(r.Body).Decode(review); err != nil || review.Request == nil {
+			http.Error(w, "bad review", http.StatusBadRequest)
+			return
+		}
+		resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: true}
+		if match(review.Request) {
+			first := false
+			g.once.Do(func() { first = true })
+			if first {
+				g.held <- review.Request
+				select {
+				case <-g.release:
+				case <-time.After(25 * time.Second):
+				}
+				resp.Allowed = false
+				resp.Result = &metav1.Status{Message: "held by the test gate while the tool was killed"}
+			}
+		}
+		review.Response = resp
+		_ = json.NewEncoder(w).Encode(review)
+	}))
+	caBundle := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "e2e-gate"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    "gate.e2e.cp-rollout.io",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptr.To(srv.URL), CABundle: caBundle},
+			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{op}, Rule: admissionregistrationv1.Rule{APIGroups: []string{clusterv1.GroupVersion.Group}, APIVersions: []string{"*"}, Resources: []string{"machines"}}}},
+			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+			AdmissionReviewVersions: []string{"v1"},
+			// Once the gate is gone, nothing it matched may block.
+			FailurePolicy:  ptr.To(admissionregistrationv1.Ignore),
+			TimeoutSeconds: ptr.To(int32(30)),
+		}},
+	}
+	c := e.sim.ManagementClient()
+	if err := c.Create(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		g.open()
+		_ = c.Delete(context.Background(), cfg)
+		srv.Close()
+	})
+	// The API server picks new webhook configurations up within a moment.
+	time.Sleep(2 * time.Second)
+	return g
+}
+
+// wait returns the held request once the tool has sent it.
+func (g *gate) wait(t *testing.T) *admissionv1.AdmissionRequest {
+	t.Helper()
+	select {
+	case req := <-g.held:
+		return req
+	case <-time.After(5 * time.Minute):
+		t.Fatal("the gated request never came")
+		return nil
+	}
+}
+
+// open denies the held request and lets every later one through.
+func (g *gate) open() {
+	select {
+	case <-g.release:
+	default:
+		close(g.release)
+	}
+}
+
+// kill ends the run with SIGKILL, as a crash or a closed laptop would.
+func (r *running) kill() {
+	_ = r.cmd.Process.Signal(syscall.SIGKILL)
+	<-r.done
+}
+
+// breakLock deletes the Lease of a run the test killed: its holder is known
+// to be dead, so the next run need not wait for the Lease to expire.
+func breakLock(t *testing.T, e *env) {
+	t.Helper()
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: e.sim.ClusterKey().Namespace, Name: controlplane.LeaseName("demo")}}
+	if err := e.sim.ManagementClient().Delete(context.Background(), lease); client.IgnoreNotFound(err) != nil {
+		t.Fatal(err)
+	}
+}
+
+// Killed between creating a replacement's InfraMachine and KubeadmConfig and
+// creating its Machine: the re-run deletes the two orphans and finishes.
+func TestKillBeforeMachineCreate(t *testing.T) {
+	e := fastSim(t, 3)
+	mon := watchInvariants(t, e, 4, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	g := openGate(t, e, admissionregistrationv1.Create, func(*admissionv1.AdmissionRequest) bool { return true })
+
+	run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
+	req := g.wait(t)
+	run.kill()
+	g.open()
+	left := orphans(t, e)
+	if len(left) != 2 || !strings.Contains(strings.Join(left, " "), req.Name) {
+		t.Fatalf("after the kill: orphans %v, want the InfraMachine and KubeadmConfig of %s", left, req.Name)
+	}
+
+	breakLock(t, e)
+	r := e.plugin(t, ctx, "upgrade", "demo", "--version", to, "-o", "json")
+	mon.check(t)
+	if r.code != 0 {
+		t.Fatalf("re-run: exit %d", r.code)
+	}
+	removed := 0
+	for _, ev := range events(t, r.stdout) {
+		if ev["action"] == "remove-orphan" && ev["phase"] == "done" {
+			removed++
+		}
+	}
+	if removed != 2 {
+		t.Errorf("re-run removed %d orphans, want 2", removed)
+	}
+	assertConverged(t, e, 3, to)
+}
+
+// Killed after removing a deleting machine's etcd member and before releasing
+// its pre-terminate hook: the re-run releases it (there is no member left to
+// remove) and finishes.
+func TestKillBetweenMemberRemovalAndRelease(t *testing.T) {
+	e := fastSim(t, 3)
+	mon := watchInvariants(t, e, 4, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	releases := func(req *admissionv1.AdmissionRequest) bool {
+		var before, after clusterv1.Machine
+		if json.Unmarshal(req.OldObject.Raw, &before) != nil || json.Unmarshal(req.Object.Raw, &after) != nil {
+			return false
+		}
+		_, had := before.Annotations[controlplanev1.PreTerminateHookCleanupAnnotation]
+		_, has := after.Annotations[controlplanev1.PreTerminateHookCleanupAnnotation]
+		return had && !has
+	}
+	g := openGate(t, e, admissionregistrationv1.Update, releases)
+
+	run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
+	req := g.wait(t)
+	run.kill()
+	g.open()
+	m := &clusterv1.Machine{}
+	if err := e.sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: req.Namespace, Name: req.Name}, m); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m.Annotations[controlplanev1.PreTerminateHookCleanupAnnotation]; !ok || m.DeletionTimestamp.IsZero() {
+		t.Fatalf("machine %s: want it deleting and still held by its hook", m.Name)
+	}
+	members, err := e.sim.EtcdMembers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mb := range members {
+		if mb.Name == m.Status.NodeRef.Name {
+			t.Fatalf("member of %s still listed: the kill came before its removal", m.Name)
+		}
+	}
+
+	breakLock(t, e)
+	r := e.plugin(t, ctx, "upgrade", "demo", "--version", to)
+	mon.check(t)
+	if r.code != 0 {
+		t.Fatalf("re-run: exit %d", r.code)
+	}
+	assertConverged(t, e, 3, to)
+}
+
+// Killed after deleting a machine and before its pre-terminate stage (another
+// controller's pre-drain hook holds it): a re-run waits in that stage and
+// times out naming it (exit 4); once the hook is gone, a re-run finishes.
+func TestKillBeforePreTerminateAndStuckDeletion(t *testing.T) {
+	e := fastSim(t, 3)
+	mon := watchInvariants(t, e, 4, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	const hold = clusterv1.PreDrainDeleteHookAnnotationPrefix + "/e2e-hold"
+	setHold := func(on bool) {
+		machines, err := e.sim.Machines(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range machines {
+			m := &machines[i]
+			if _, ok := m.Annotations[hold]; ok == on {
+				continue
+			}
+			patch := client.MergeFrom(m.DeepCopy())
+			if on {
+				m.Annotations[hold] = ""
+			} else {
+				delete(m.Annotations, hold)
+			}
+			if err := e.sim.ManagementClient().Patch(ctx, m, patch); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	setHold(true)
+
+	run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
+	victim := stringOf(run.until(t, isAction("delete", "done"))["machine"])
+	run.kill()
+	waitFor(t, ctx, func() bool {
+		m := &clusterv1.Machine{}
+		if err := e.sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: e.sim.ClusterKey().Namespace, Name: victim}, m); err != nil {
+			return false
+		}
+		c := conditions.Get(m, clusterv1.MachineDeletingCondition)
+		return c != nil && c.Reason == clusterv1.MachineDeletingWaitingForPreDrainHookReason
+	})
+
+	breakLock(t, e)
+	r := e.plugin(t, ctx, "upgrade", "demo", "--version", to, "--delete-timeout", "15s")
+	if r.code != 4 || !strings.Contains(r.stderr, victim) || !strings.Contains(r.stderr, clusterv1.MachineDeletingWaitingForPreDrainHookReason) {
+		t.Fatalf("re-run with the hold in place: exit %d, want 4 naming %s and the stage it waits in", r.code, victim)
+	}
+
+	setHold(false)
+	r = e.plugin(t, ctx, "upgrade", "demo", "--version", to)
+	mon.check(t)
+	if r.code != 0 {
+		t.Fatalf("re-run after the hold is gone: exit %d", r.code)
+	}
+	assertConverged(t, e, 3, to)
+}
