@@ -14,9 +14,9 @@ LDFLAGS := -X $(PKG)/pkg/version.version=$(VERSION) \
 CACHE_DIR      ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cp-rollout
 GORELEASER_VER := v2.15.1
 GORELEASER     := $(CACHE_DIR)/tools/goreleaser-$(GORELEASER_VER)/goreleaser
-TEST_TIMEOUT   ?= 30m
+TEST_TIMEOUT   ?= 45m
 
-.PHONY: all build demo sim test bench envtest lint release-check clean
+.PHONY: all build demo sim test test-faults bench envtest lint release-check clean
 all: build
 
 build: ## bin/kubectl-cp_rollout, its kubectl completion helper, bin/cp-rollout-sim
@@ -39,6 +39,11 @@ envtest:
 
 test: lint ## everything CI runs
 	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+test-faults: ## the fault, crash and bad-input suite, with SIGKILL at every step boundary (about 40 minutes)
+	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) CP_ROLLOUT_FULL_KILL_MATRIX=1 \
+		$(GO) test -count=1 -timeout 90m -v ./test/e2e \
+		-run 'TestKill|Fault|Unreachable|Lease|Never|Stopped|SecondRun|Restart|MoveLeader|BadInput|Interrupt|Handback|NoKeyMaterial'
 
 bench: ## time the tool's upgrade against the real KCP's on the simulator; figures in bench/upgrade.json
 	@mkdir -p bench

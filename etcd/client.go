@@ -240,6 +240,10 @@ func (mc *memberConn) ready(ctx context.Context) error {
 			if err == nil {
 				err = errors.New("connection failed")
 			}
+			var untrusted *UntrustedError
+			if errors.As(err, &untrusted) {
+				return untrusted // reached, but not to be trusted: no retry will change that
+			}
 			return &unreachableError{fmt.Errorf("unreachable: %w", err)}
 		}
 		if !mc.grpc.WaitForStateChange(ctx, state) {
@@ -367,8 +371,12 @@ func transient(ctx context.Context, err error) bool {
 	return false
 }
 
-// untrusted reports a TLS failure; gRPC flattens it into a status message.
+// untrusted reports a TLS failure: ours, or one gRPC flattened into a status message.
 func untrusted(err error) bool {
+	var u *UntrustedError
+	if errors.As(err, &u) {
+		return true
+	}
 	msg := err.Error()
 	return strings.Contains(msg, "authentication handshake failed") ||
 		strings.Contains(msg, "certificate") && strings.Contains(msg, "x509")

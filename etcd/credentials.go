@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
@@ -54,6 +55,8 @@ func KeyAlgorithm(kcp *controlplanev1.KubeadmControlPlane) bootstrapv1.Encryptio
 // Credentials hold a cluster's etcd CA and mint the client certificate the tool presents
 // to its members. Key material stays in memory; nothing is written or logged.
 type Credentials struct {
+	// source says where the CA came from, for messages: "Secret <namespace>/<name>".
+	source    string
 	ca        *x509.Certificate
 	caKey     crypto.Signer
 	roots     *x509.CertPool
@@ -78,9 +81,13 @@ func LoadCredentials(ctx context.Context, c client.Reader, cluster client.Object
 	if !Managed(kcp) {
 		return nil, ErrNotManaged
 	}
+	name := secret.Name(cluster.Name, secret.EtcdCA)
 	s, err := secret.Get(ctx, c, cluster, secret.EtcdCA)
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("etcd CA Secret %s/%s not found: without it the etcd members can be neither reached nor verified", cluster.Namespace, name)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("reading etcd CA Secret %s/%s: %w", cluster.Namespace, secret.Name(cluster.Name, secret.EtcdCA), err)
+		return nil, fmt.Errorf("reading etcd CA Secret %s/%s: %w", cluster.Namespace, name, err)
 	}
 	crt, key := s.Data[secret.TLSCrtDataName], s.Data[secret.TLSKeyDataName]
 	if len(crt) == 0 || len(key) == 0 {
@@ -90,6 +97,7 @@ func LoadCredentials(ctx context.Context, c client.Reader, cluster client.Object
 	if err != nil {
 		return nil, fmt.Errorf("etcd CA Secret %s/%s: %w", s.Namespace, s.Name, err)
 	}
+	creds.source = fmt.Sprintf("Secret %s/%s", s.Namespace, s.Name)
 	return creds, nil
 }
 
@@ -208,7 +216,28 @@ func (c *Credentials) verifyServer(cs tls.ConnectionState) error {
 		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	})
 	if err != nil {
-		return fmt.Errorf("etcd member certificate not trusted by the cluster's etcd CA: %w", err)
+		return &UntrustedError{CA: c.source, Err: err}
 	}
 	return nil
 }
+
+// UntrustedError is a member whose certificate the etcd CA did not sign: the CA the tool
+// holds and the members disagree, so nothing a member says can be trusted and nothing may
+// be done to it. It is final, never retried; the tool refuses instead (an etcd CA Secret
+// replaced or rotated by hand, or one copied from another cluster).
+type UntrustedError struct {
+	// CA says where the CA came from, such as "Secret default/demo-etcd"; empty when it
+	// was handed over directly.
+	CA  string
+	Err error
+}
+
+func (e *UntrustedError) Error() string {
+	ca := "the etcd CA"
+	if e.CA != "" {
+		ca = "the etcd CA in " + e.CA
+	}
+	return fmt.Sprintf("member certificate not signed by %s: %v", ca, e.Err)
+}
+
+func (e *UntrustedError) Unwrap() error { return e.Err }

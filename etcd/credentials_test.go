@@ -166,7 +166,7 @@ func TestLoadCredentialsFromEtcdCASecret(t *testing.T) {
 		t.Errorf("key %T ignores the cluster's encryption algorithm", cert.Leaf.PublicKey)
 	}
 
-	if _, err := etcd.LoadCredentials(ctx, cl, client.ObjectKey{Namespace: "ns", Name: "other"}, kcp); err == nil || !strings.Contains(err.Error(), "ns/other-etcd") {
+	if _, err := etcd.LoadCredentials(ctx, cl, client.ObjectKey{Namespace: "ns", Name: "other"}, kcp); err == nil || !strings.Contains(err.Error(), "etcd CA Secret ns/other-etcd not found") {
 		t.Errorf("missing Secret: %v", err)
 	}
 
@@ -188,15 +188,26 @@ func TestServerCertificateFromAnotherCARejected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The tool holds another cluster's CA: the member's certificate does not chain to it.
-	creds, err := etcd.NewCredentials(otherCert, otherKey, bootstrapv1.EncryptionAlgorithmECDSAP256)
+	// The cluster's etcd CA Secret holds another CA: the member's certificate does not
+	// chain to it.
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	cl := fake.NewClientBuilder().WithScheme(scheme).WithObjects(&corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "prod-etcd"},
+		Data:       map[string][]byte{"tls.crt": otherCert, "tls.key": otherKey},
+	}).Build()
+	creds, err := etcd.LoadCredentials(ctx, cl, client.ObjectKey{Namespace: "ns", Name: "prod"}, &controlplanev1.KubeadmControlPlane{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := tc.client(func(c *etcd.Config) { c.Credentials = creds })
 	start := time.Now()
 	_, err = c.Members(ctx, tc.nodes)
-	if err == nil || !strings.Contains(err.Error(), "not trusted by the cluster's etcd CA") || !strings.Contains(err.Error(), "node-a") {
+	var untrusted *etcd.UntrustedError
+	if !errors.As(err, &untrusted) || !strings.Contains(err.Error(), "not signed by the etcd CA in Secret ns/prod-etcd") ||
+		!strings.Contains(err.Error(), "node-a") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("listing a member with an untrusted certificate: %v", err)
 	}
 	// An untrusted certificate is final: no round of retries.

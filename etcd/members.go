@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -163,7 +164,8 @@ func (c *Client) listThroughAny(ctx context.Context, nodes []Node) (*clientv3.Me
 		via    *memberConn
 	)
 	err := retry(ctx, &c.cfg, func(ctx context.Context) error {
-		var errs []error
+		var errs oneLine
+		var distrusted error
 		again := false
 		for _, node := range nodes {
 			mc, err := c.conn(node)
@@ -182,17 +184,24 @@ func (c *Client) listThroughAny(ctx context.Context, nodes []Node) (*clientv3.Me
 				}
 				again = again || transient(ctx, err)
 				err = mc.fail("list members", err)
+				var u *UntrustedError
+				if distrusted == nil && errors.As(err, &u) {
+					distrusted = err
+				}
 			}
 			errs = append(errs, err)
 			if ctx.Err() != nil {
 				break
 			}
 		}
-		err := errors.Join(errs...)
 		if again {
-			return &roundError{err}
+			return &roundError{errs}
 		}
-		return err
+		if distrusted != nil {
+			// Say that, and only that: the other nodes' failures would bury it.
+			return distrusted
+		}
+		return errs
 	}, func(err error) error {
 		var re *roundError
 		if errors.As(err, &re) {
@@ -202,6 +211,20 @@ func (c *Client) listThroughAny(ctx context.Context, nodes []Node) (*clientv3.Me
 	})
 	return list, alarms, via, err
 }
+
+// oneLine is the failures of a round over all nodes, joined on one line (errors.Join
+// would put each on a line of its own, and the tool's messages are one line).
+type oneLine []error
+
+func (e oneLine) Error() string {
+	msgs := make([]string, len(e))
+	for i, err := range e {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (e oneLine) Unwrap() []error { return e }
 
 // roundError marks a round over all nodes in which some node failed transiently.
 type roundError struct{ err error }

@@ -90,7 +90,14 @@ func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
 	if s.EtcdManaged && len(names) > 0 {
 		s.Members, err = e.Etcd.Members(ctx, EtcdNodes(s))
 		if err != nil {
-			return nil, fmt.Errorf("workload cluster %s: etcd: %w", e.Workload.Name, err)
+			err = fmt.Errorf("workload cluster %s: etcd: %w", e.Workload.Name, err)
+			// Members whose certificates the cluster's etcd CA did not sign
+			// cannot be trusted, and no retry mends that: refuse at once.
+			var untrusted *etcd.UntrustedError
+			if errors.As(err, &untrusted) {
+				return nil, exitcode.New(exitcode.Unsafe, err)
+			}
+			return nil, err
 		}
 	}
 	return s, nil

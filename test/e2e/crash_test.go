@@ -2,57 +2,120 @@ package e2e
 
 import (
 	"context"
-	"syscall"
+	"os"
+	"regexp"
 	"testing"
 	"time"
+
+	"github.com/cp-rollout/cp-rollout/pkg/sim"
 )
 
-// The tool killed with SIGKILL at successive points of an upgrade — after the
-// k-th progress event of each run, for growing k — and simply run again: the
-// control plane never breaks an invariant, and the last run finishes the job.
-// A killed run cannot release its lock, so the next run waits for it to
-// expire (exit 5 until then), as a runbook retrying the command would.
-func TestKilledUpgradeResumes(t *testing.T) {
-	e := fastSim(t, 3)
-	mon := watchInvariants(t, e, 4, 2)
+// fullKillMatrix runs every operation of the matrix and kills at every step
+// boundary; without it (`make test`) three operations are killed at every
+// fourth boundary, which keeps `make test` within half an hour on two cores.
+// `make test-faults` sets it.
+var fullKillMatrix = os.Getenv("CP_ROLLOUT_FULL_KILL_MATRIX") != ""
+
+// The kill matrix: each operation is run, killed with SIGKILL right after a
+// progress event not seen before (so at every step boundary and inside every
+// wait, one after another), and run again, until a run finishes by itself.
+// Throughout, the invariant monitor watches; at the end the control plane has
+// converged with no orphan left.
+func TestKillMatrix(t *testing.T) {
+	for _, sc := range []struct {
+		name       string
+		opts       sim.Options
+		args       func(t *testing.T, e *env) []string
+		maxMachine int
+		minHealthy int
+		replicas   int
+		version    string
+		// extended operations run only in the full matrix.
+		extended bool
+	}{
+		{name: "upgrade-3-surge-1", opts: sim.Options{Replicas: 3},
+			args: fixed("upgrade", "demo", "--version", to), maxMachine: 4, minHealthy: 2, replicas: 3, version: to},
+		{name: "upgrade-3-surge-0", opts: sim.Options{Replicas: 3},
+			args: fixed("upgrade", "demo", "--version", to, "--max-surge", "0"), maxMachine: 3, minHealthy: 2, replicas: 3, version: to, extended: true},
+		{name: "upgrade-1", opts: sim.Options{Replicas: 1, Capacity: 2},
+			args: fixed("upgrade", "demo", "--version", to), maxMachine: 2, minHealthy: 1, replicas: 1, version: to, extended: true},
+		{name: "scale-3-to-5", opts: sim.Options{Replicas: 3},
+			args: fixed("scale", "demo", "--replicas", "5"), maxMachine: 5, minHealthy: 2, replicas: 5, version: from, extended: true},
+		{name: "scale-5-to-3", opts: sim.Options{Replicas: 5},
+			args: fixed("scale", "demo", "--replicas", "3"), maxMachine: 5, minHealthy: 3, replicas: 3, version: from},
+		{name: "replace", opts: sim.Options{Replicas: 3},
+			args: func(t *testing.T, e *env) []string {
+				return []string{"replace", "demo", mustMachines(t, e)[0]}
+			}, maxMachine: 4, minHealthy: 2, replicas: 3, version: from},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			if sc.extended && !fullKillMatrix {
+				t.Skip("in the full matrix only: make test-faults")
+			}
+			opts := sc.opts
+			opts.Version, opts.ProvisionDelay, opts.DeleteDelay = from, time.Second, 500*time.Millisecond
+			e := startSim(t, opts)
+			mon := watchInvariants(t, e, sc.maxMachine, sc.minHealthy)
+			args := append(sc.args(t, e), "-o", "json")
+			kills := killAtEveryStep(t, e, args)
+			mon.check(t)
+			t.Logf("%s: converged after %d kills", sc.name, kills)
+			if kills < 2 {
+				t.Errorf("only %d kills: the matrix did not interrupt the operation", kills)
+			}
+			assertConverged(t, e, sc.replicas, sc.version)
+		})
+	}
+}
+
+func fixed(args ...string) func(*testing.T, *env) []string {
+	return func(*testing.T, *env) []string { return args }
+}
+
+// digits are masked when events are compared: pids, counts and addresses
+// differ from run to run, the step does not.
+var digits = regexp.MustCompile(`[0-9]+`)
+
+// killAtEveryStep runs args until one run finishes by itself, killing each
+// run right after the first event that no earlier run reported (with the
+// default stride, after every fourth such event). It returns the number of
+// kills.
+func killAtEveryStep(t *testing.T, e *env, args []string) int {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-
+	stride := 4
+	if fullKillMatrix {
+		stride = 1
+	}
+	seen := map[string]bool{}
 	kills := 0
-	for k := 3; ; k += 4 {
-		run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
-		n, finished := 0, false
+	for ctx.Err() == nil {
+		run := e.start(t, args...)
+		fresh, killed := 0, ""
 		for ev := range run.events {
-			n++
-			if ev["action"] == "summary" {
-				finished = true
+			key := digits.ReplaceAllString(stringOf(ev["action"])+"|"+stringOf(ev["phase"])+"|"+stringOf(ev["message"]), "#")
+			if seen[key] {
+				continue
 			}
-			if n == k && !finished {
-				_ = run.cmd.Process.Signal(syscall.SIGKILL)
-				kills++
+			seen[key] = true
+			if fresh++; fresh == stride {
+				killed = stringOf(ev["action"]) + " " + stringOf(ev["phase"]) + " " + stringOf(ev["machine"])
+				run.kill()
 				break
 			}
 		}
 		code := run.wait()
-		if finished || code == 0 {
-			break
+		if killed == "" {
+			if code != 0 {
+				t.Fatalf("run after %d kills: exit %d\n%s", kills, code, run.stderr())
+			}
+			return kills
 		}
-		switch code {
-		case -1, 137: // killed
-		case 5: // the previous run's lock has not expired yet
-			time.Sleep(2 * time.Second)
-			k -= 4
-		default:
-			t.Fatalf("run after %d kills: exit %d", kills, code)
-		}
-		if ctx.Err() != nil {
-			t.Fatal("did not converge in time")
-		}
+		kills++
+		t.Logf("kill %d after %q", kills, killed)
+		breakLock(t, e)
 	}
-	t.Logf("converged after %d kills", kills)
-	if kills < 3 {
-		t.Errorf("only %d kills: the matrix did not interrupt the upgrade enough", kills)
-	}
-	mon.check(t)
-	assertConverged(t, e, 3, to)
+	t.Fatalf("did not converge within 20 minutes and %d kills", kills)
+	return kills
 }

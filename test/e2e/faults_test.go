@@ -6,6 +6,12 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
 )
 
@@ -76,6 +82,94 @@ func TestReplacementNeverProvisions(t *testing.T) {
 	if !strings.Contains(st.stdout, "infrastructure not provisioned") || !strings.Contains(st.stdout, "paused by cp-rollout") {
 		t.Errorf("status does not show the stuck machine and the paused operation:\n%s", st.stdout)
 	}
+
+	// The provider recovers: the same command picks the stuck machine up and
+	// finishes.
+	mon := watchInvariants(t, e, 4, 2)
+	if err := e.sim.RecoverProvisioning(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.plugin(t, ctx, "upgrade", "demo", "--version", to); r.code != 0 {
+		t.Fatalf("re-run after the provider recovered: exit %d", r.code)
+	}
+	mon.check(t)
+	assertConverged(t, e, 3, to)
+}
+
+// The workload API server stops answering while the tool waits on it: the
+// tool gives up after --health-timeout, exit 4, naming the workload cluster
+// and the address it could not reach; once it answers again, a re-run
+// finishes.
+func TestWorkloadAPIServerUnreachable(t *testing.T) {
+	e := startSim(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 3 * time.Second, DeleteDelay: time.Second})
+	mon := watchInvariants(t, e, 4, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json", "--health-timeout", "30s")
+	run.until(t, isAction("await-join", "waiting"))
+	thaw, err := e.sim.FreezeWorkloadAPIServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	code := run.wait()
+	took := time.Since(frozen)
+	if err := thaw(); err != nil {
+		t.Fatal(err)
+	}
+	host := e.sim.WorkloadConfig().Host
+	if code != 4 || !strings.Contains(run.stderr(), "demo") || !strings.Contains(run.stderr(), strings.TrimPrefix(host, "https://")) {
+		t.Fatalf("exit %d after %s, stderr %q: want 4 naming the workload cluster and %s", code, took.Round(time.Second), run.stderr(), host)
+	}
+	if took > 2*time.Minute {
+		t.Errorf("gave up after %s with --health-timeout 30s", took.Round(time.Second))
+	}
+	if r := e.plugin(t, ctx, "upgrade", "demo", "--version", to); r.code != 0 {
+		t.Fatalf("re-run once the workload API server answers: exit %d", r.code)
+	}
+	mon.check(t)
+	assertConverged(t, e, 3, to)
+}
+
+// Someone else takes the run's Lease mid-run: the tool stops at once, exit 5,
+// leaving the KCP paused with its record; once the Lease is free, a re-run
+// finishes.
+func TestLeaseLostMidRun(t *testing.T) {
+	e := startSim(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
+	mon := watchInvariants(t, e, 4, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
+	run.until(t, isAction("await-join", "waiting"))
+	lease := &coordinationv1.Lease{}
+	key := client.ObjectKey{Namespace: e.sim.ClusterKey().Namespace, Name: controlplane.LeaseName("demo")}
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := e.sim.ManagementClient().Get(ctx, key, lease); err != nil {
+			return err
+		}
+		lease.Spec.HolderIdentity = ptr.To("someone-else")
+		return e.sim.ManagementClient().Update(ctx, lease)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	taken := time.Now()
+	code := run.wait()
+	if code != 5 || !strings.Contains(run.stderr(), "lost the lock") {
+		t.Fatalf("exit %d, stderr %q: want 5 saying the lock was lost", code, run.stderr())
+	}
+	if took := time.Since(taken); took > 2*controlplane.LeaseDuration/3+5*time.Second {
+		t.Errorf("stopped %s after losing the lock", took.Round(time.Second))
+	}
+	kcp := kcpOf(t, e)
+	if _, ok := kcp.Annotations[controlplane.RecordAnnotation]; !ok {
+		t.Errorf("the KCP lost its operation record: %v", kcp.Annotations)
+	}
+	breakLock(t, e)
+	if r := e.plugin(t, ctx, "upgrade", "demo", "--version", to); r.code != 0 {
+		t.Fatalf("re-run: exit %d", r.code)
+	}
+	mon.check(t)
+	assertConverged(t, e, 3, to)
 }
 
 // The management API server restarts while the tool waits: it reconnects and

@@ -101,7 +101,12 @@ type result struct {
 // plugin runs `kubectl cp-rollout args...` against the simulator.
 func (e *env) plugin(t testing.TB, ctx context.Context, args ...string) result {
 	t.Helper()
-	cmd := e.command(t, ctx, args...)
+	return runPlugin(t, e.command(t, ctx, args...), args)
+}
+
+// runPlugin runs cmd, a command for `kubectl cp-rollout args...`, to its end.
+func runPlugin(t testing.TB, cmd *exec.Cmd, args []string) result {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	began := time.Now()

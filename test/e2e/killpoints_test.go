@@ -165,8 +165,9 @@ func TestKillBeforeMachineCreate(t *testing.T) {
 }
 
 // Killed after removing a deleting machine's etcd member and before releasing
-// its pre-terminate hook: the re-run releases it (there is no member left to
-// remove) and finishes.
+// its pre-terminate hook: re-runs are locked out (exit 5, naming the dead
+// holder) until its Lease expires; then one releases the machine (there is no
+// member left to remove) and finishes.
 func TestKillBetweenMemberRemovalAndRelease(t *testing.T) {
 	e := fastSim(t, 3)
 	mon := watchInvariants(t, e, 4, 2)
@@ -204,11 +205,22 @@ func TestKillBetweenMemberRemovalAndRelease(t *testing.T) {
 		}
 	}
 
-	breakLock(t, e)
+	// As a runbook would: retry while the dead run's Lease has not expired.
+	locked := 0
 	r := e.plugin(t, ctx, "upgrade", "demo", "--version", to)
+	for ; r.code == 5 && ctx.Err() == nil; r = e.plugin(t, ctx, "upgrade", "demo", "--version", to) {
+		if !strings.Contains(r.stderr, "pid-") {
+			t.Errorf("locked out without naming the holder: %q", r.stderr)
+		}
+		locked++
+		time.Sleep(2 * time.Second)
+	}
 	mon.check(t)
 	if r.code != 0 {
 		t.Fatalf("re-run: exit %d", r.code)
+	}
+	if locked == 0 {
+		t.Error("the killed run's Lease did not lock the first re-run out")
 	}
 	assertConverged(t, e, 3, to)
 }

@@ -121,6 +121,9 @@ func (m *monitor) sample(ctx context.Context) {
 	if len(nodes) > 0 {
 		members, _ = m.etcd.Members(ctx, nodes)
 	}
+	if ctx.Err() != nil {
+		return // stopped mid-sample: the probes were cut short, not the members
+	}
 
 	m.mu.Lock()
 	m.samples++
@@ -148,6 +151,9 @@ func (m *monitor) sample(ctx context.Context) {
 			if again, err := m.etcd.Members(ctx, nodes); err == nil {
 				members = again
 				voting, healthy = count(members)
+			}
+			if ctx.Err() != nil {
+				return
 			}
 		}
 		if voting > 0 && healthy < voting/2+1 {

@@ -12,13 +12,17 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/secret"
 
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
 )
 
 func fastSim(t *testing.T, replicas int32) *env {
@@ -203,6 +207,22 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if err := os.WriteFile(badConfig, []byte("namespace: default\n\tcontext: x\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// expect runs the plugin and checks its exit code and one-line reason,
+	// which must name every fragment in says.
+	expect := func(args []string, code int, says ...string) {
+		t.Helper()
+		r := e.plugin(t, ctx, args...)
+		named := true
+		for _, s := range says {
+			named = named && strings.Contains(r.stderr, s)
+		}
+		if r.code != code || !named {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d mentioning %q", args, r.code, r.stderr, code, says)
+		}
+		if lines := strings.Count(strings.TrimSpace(r.stderr), "\n") + 1; lines > 2 {
+			t.Errorf("%v: %d lines on stderr, want the reason and at most a usage hint", args, lines)
+		}
+	}
 	before := quietVersions(t, e)
 	for _, tc := range []struct {
 		args []string
@@ -241,18 +261,84 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{[]string{"upgrade", "demo", "--version", to, "--config", badConfig}, 2, "line 2"},
 		{[]string{"upgarde", "demo"}, 2, "unknown command"},
 	} {
-		r := e.plugin(t, ctx, tc.args...)
-		if r.code != tc.code || !strings.Contains(r.stderr, tc.says) {
-			t.Errorf("%v: exit %d, stderr %q; want exit %d mentioning %q", tc.args, r.code, r.stderr, tc.code, tc.says)
-		}
-		if lines := strings.Count(strings.TrimSpace(r.stderr), "\n") + 1; lines > 2 {
-			t.Errorf("%v: %d lines on stderr, want the reason and at most a usage hint", tc.args, lines)
-		}
+		expect(tc.args, tc.code, tc.says)
+	}
+	// A broken etcd CA Secret: each row breaks it before the command and puts
+	// it back after. The tool must refuse, never skip verifying the members.
+	for _, tc := range []struct {
+		breakCA func(t *testing.T, e *env) (restore func())
+		says    []string
+	}{
+		{withoutEtcdCA, []string{"etcd CA Secret default/demo-etcd not found"}},
+		{withOtherEtcdCA, []string{"not signed by the etcd CA in Secret default/demo-etcd", "on node "}},
+	} {
+		restore := tc.breakCA(t, e)
+		expect([]string{"upgrade", "demo", "--version", to}, 3, tc.says...)
+		restore()
 	}
 	assertUnchanged(t, before, versions(t, e))
 }
 
 func ptrTo(s string) *string { return &s }
+
+// etcdCAKey is the simulated cluster's etcd CA Secret, <cluster>-etcd.
+func etcdCAKey(e *env) client.ObjectKey {
+	return client.ObjectKey{Namespace: e.sim.ClusterKey().Namespace, Name: secret.Name(e.sim.ClusterKey().Name, secret.EtcdCA)}
+}
+
+// withoutEtcdCA deletes the etcd CA Secret; restore puts it back as it was.
+func withoutEtcdCA(t *testing.T, e *env) func() {
+	t.Helper()
+	orig := &corev1.Secret{}
+	if err := e.sim.ManagementClient().Get(context.Background(), etcdCAKey(e), orig); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sim.ManagementClient().Delete(context.Background(), orig); err != nil {
+		t.Fatal(err)
+	}
+	return func() { restoreEtcdCA(t, e, orig) }
+}
+
+// withOtherEtcdCA puts a freshly generated CA into the etcd CA Secret, one that
+// signed none of the members' certificates; restore puts the real one back.
+func withOtherEtcdCA(t *testing.T, e *env) func() {
+	t.Helper()
+	orig := &corev1.Secret{}
+	if err := e.sim.ManagementClient().Get(context.Background(), etcdCAKey(e), orig); err != nil {
+		t.Fatal(err)
+	}
+	crt, key, err := member.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := orig.DeepCopy()
+	other.Data[secret.TLSCrtDataName], other.Data[secret.TLSKeyDataName] = crt, key
+	if err := e.sim.ManagementClient().Update(context.Background(), other); err != nil {
+		t.Fatal(err)
+	}
+	return func() { restoreEtcdCA(t, e, orig) }
+}
+
+// restoreEtcdCA makes the etcd CA Secret hold orig's data again, recreating it
+// if it is gone: later rows and the simulator's new members need the real CA.
+func restoreEtcdCA(t *testing.T, e *env, orig *corev1.Secret) {
+	t.Helper()
+	ctx, c := context.Background(), e.sim.ManagementClient()
+	cur := &corev1.Secret{}
+	err := c.Get(ctx, etcdCAKey(e), cur)
+	switch {
+	case apierrors.IsNotFound(err):
+		cur = orig.DeepCopy()
+		cur.ResourceVersion, cur.UID, cur.CreationTimestamp = "", "", metav1.Time{}
+		err = c.Create(ctx, cur)
+	case err == nil:
+		cur.Data = orig.Data
+		err = c.Update(ctx, cur)
+	}
+	if err != nil {
+		t.Fatalf("restoring the etcd CA Secret: %v", err)
+	}
+}
 
 // startPlugin starts `kubectl cp-rollout args... -o json` and streams its
 // events; stop sends SIGINT.
