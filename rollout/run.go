@@ -147,9 +147,12 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 	if live, err = e.ControlPlane.Read(runCtx); err != nil {
 		return err
 	}
-	if err := e.removeOrphans(runCtx, live); err != nil {
+	// A resumed run skipped the pause: make sure KCP is still paused before
+	// touching what only a paused KCP leaves alone.
+	if err := e.stillOurs(&Snapshot{CP: live}); err != nil {
 		return err
 	}
+	e.removeOrphans(runCtx, live)
 	if outdated, _ := live.MachinesNeedingRollout(); outdated.Len() > 0 {
 		if err := e.Workload.PrepareRollout(runCtx, live.KCP, etcd.Managed(live.KCP)); err != nil {
 			return err
@@ -174,22 +177,27 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 }
 
 // removeOrphans deletes what a killed run left between creating a
-// replacement's InfraMachine and KubeadmConfig and creating its Machine.
-func (e *Engine) removeOrphans(ctx context.Context, cp *pkg.ControlPlane) error {
+// replacement's InfraMachine and KubeadmConfig and creating its Machine. A
+// leftover costs resources, not safety: when it cannot be looked for or
+// deleted (RBAC may not allow listing the infrastructure kind), the run says
+// so and goes on.
+func (e *Engine) removeOrphans(ctx context.Context, cp *pkg.ControlPlane) {
+	began := time.Now()
 	orphans, err := e.ControlPlane.Orphans(ctx, cp)
 	if err != nil {
-		return err
+		e.report("remove-orphan", "", progress.Failed, "could not look for pieces an interrupted run left behind: "+err.Error()+"; going on", began)
+		return
 	}
 	for _, obj := range orphans {
 		began := time.Now()
-		kind := obj.GetObjectKind().GroupVersionKind().Kind
-		e.report("remove-orphan", obj.GetName(), progress.Started, kind+" "+obj.GetName()+" has no Machine: an interrupted run created it; deleting it", began)
+		what := obj.GetObjectKind().GroupVersionKind().Kind + " " + obj.GetName()
+		e.report("remove-orphan", obj.GetName(), progress.Started, what+" has no Machine: an interrupted run created it; deleting it", began)
 		if err := e.ControlPlane.DeleteOrphan(ctx, obj); err != nil {
-			return err
+			e.report("remove-orphan", obj.GetName(), progress.Failed, err.Error()+"; going on", began)
+			continue
 		}
-		e.report("remove-orphan", obj.GetName(), progress.Done, kind+" "+obj.GetName()+" deleted", began)
+		e.report("remove-orphan", obj.GetName(), progress.Done, what+" deleted", began)
 	}
-	return nil
 }
 
 // Who identifies this run in the Lease and the operation record.

@@ -111,12 +111,22 @@ func TestWorkloadAPIServerUnreachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	thawed := false
+	t.Cleanup(func() {
+		if !thawed {
+			_ = thaw()
+		}
+	})
 	frozen := time.Now()
+	// The tool hanging is the failure this looks for: bound the wait.
+	hung := time.AfterFunc(3*time.Minute, run.kill)
 	code := run.wait()
+	hung.Stop()
 	took := time.Since(frozen)
 	if err := thaw(); err != nil {
 		t.Fatal(err)
 	}
+	thawed = true
 	host := e.sim.WorkloadConfig().Host
 	if code != 4 || !strings.Contains(run.stderr(), "demo") || !strings.Contains(run.stderr(), strings.TrimPrefix(host, "https://")) {
 		t.Fatalf("exit %d after %s, stderr %q: want 4 naming the workload cluster and %s", code, took.Round(time.Second), run.stderr(), host)

@@ -13,9 +13,17 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"sigs.k8s.io/cluster-api/util/secret"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
 )
 
@@ -126,4 +134,39 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// kill ends the run with SIGKILL, as a crash or a closed laptop would.
+func (r *running) kill() {
+	_ = r.cmd.Process.Signal(syscall.SIGKILL)
+	<-r.done
+}
+
+// breakLock deletes the Lease of a run the test killed: its holder is known
+// to be dead, so the next run need not wait for the Lease to expire.
+func breakLock(t *testing.T, e *env) {
+	t.Helper()
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: e.sim.ClusterKey().Namespace, Name: controlplane.LeaseName("demo")}}
+	if err := e.sim.ManagementClient().Delete(context.Background(), lease); client.IgnoreNotFound(err) != nil {
+		t.Fatal(err)
+	}
+}
+
+// mustMachines names the simulator's control-plane machines.
+func mustMachines(t *testing.T, e *env) []string {
+	t.Helper()
+	machines, err := e.sim.Machines(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range machines {
+		out = append(out, m.Name)
+	}
+	return out
+}
+
+// etcdCAKey is the simulated cluster's etcd CA Secret, <cluster>-etcd.
+func etcdCAKey(e *env) client.ObjectKey {
+	return client.ObjectKey{Namespace: e.sim.ClusterKey().Namespace, Name: secret.Name(e.sim.ClusterKey().Name, secret.EtcdCA)}
 }

@@ -8,33 +8,33 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
-	"syscall"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
-
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 )
 
 // gate is a validating admission webhook on the management API server that
 // holds the first Machine request it matches until the test has killed the
-// tool, then denies it: the request never takes effect, exactly as if the tool
+// tool, then denies it: the request never takes effect (the API server drops
+// it once its client is gone; the denial makes sure), exactly as if the tool
 // had died just before sending it. It lets a test kill the tool between two
 // API calls that are milliseconds apart.
 type gate struct {
 	held    chan *admissionv1.AdmissionRequest
 	release chan struct{}
 	once    sync.Once
+	seen    atomic.Bool // any request reached the gate: it is in place
 }
 
 func openGate(t *testing.T, e *env, op admissionregistrationv1.OperationType, match func(*admissionv1.AdmissionRequest) bool) *gate {
@@ -46,8 +46,9 @@ func openGate(t *testing.T, e *env, op admissionregistrationv1.OperationType, ma
 			http.Error(w, "bad review", http.StatusBadRequest)
 			return
 		}
+		g.seen.Store(true)
 		resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: true}
-		if match(review.Request) {
+		if review.Request.Operation == admissionv1.Operation(op) && !ptr.Deref(review.Request.DryRun, false) && match(review.Request) {
 			first := false
 			g.once.Do(func() { first = true })
 			if first {
@@ -67,27 +68,43 @@ func openGate(t *testing.T, e *env, op admissionregistrationv1.OperationType, ma
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "e2e-gate"},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:                    "gate.e2e.cp-rollout.io",
-			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptr.To(srv.URL), CABundle: caBundle},
-			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{op}, Rule: admissionregistrationv1.Rule{APIGroups: []string{clusterv1.GroupVersion.Group}, APIVersions: []string{"*"}, Resources: []string{"machines"}}}},
+			Name:         "gate.e2e.cp-rollout.io",
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: ptr.To(srv.URL), CABundle: caBundle},
+			// UPDATE always, so that a dry-run patch can show the gate is in place.
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{op, admissionregistrationv1.Update},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{clusterv1.GroupVersion.Group}, APIVersions: []string{"*"}, Resources: []string{"machines"}},
+			}},
 			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
 			AdmissionReviewVersions: []string{"v1"},
-			// Once the gate is gone, nothing it matched may block.
-			FailurePolicy:  ptr.To(admissionregistrationv1.Ignore),
+			// A request the gate cannot answer must fail, not slip through.
+			FailurePolicy:  ptr.To(admissionregistrationv1.Fail),
 			TimeoutSeconds: ptr.To(int32(30)),
 		}},
 	}
 	c := e.sim.ManagementClient()
-	if err := c.Create(context.Background(), cfg); err != nil {
+	ctx := context.Background()
+	if err := c.Create(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		g.open()
-		_ = c.Delete(context.Background(), cfg)
+		_ = c.Delete(ctx, cfg) // before the server closes, or every Machine write would fail
 		srv.Close()
 	})
-	// The API server picks new webhook configurations up within a moment.
-	time.Sleep(2 * time.Second)
+	// The API server picks a new webhook configuration up after a moment:
+	// probe with dry-run patches until one reaches the gate.
+	machines, err := e.sim.Machines(ctx)
+	if err != nil || len(machines) == 0 {
+		t.Fatalf("no machine to probe the gate with: %v", err)
+	}
+	probe := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"e2e.cp-rollout.io/probe":"x"}}}`))
+	for deadline := time.Now().Add(time.Minute); !g.seen.Load(); time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the gate webhook was never called")
+		}
+		_ = c.Patch(ctx, &machines[0], probe, client.DryRunAll)
+	}
 	return g
 }
 
@@ -109,22 +126,6 @@ func (g *gate) open() {
 	case <-g.release:
 	default:
 		close(g.release)
-	}
-}
-
-// kill ends the run with SIGKILL, as a crash or a closed laptop would.
-func (r *running) kill() {
-	_ = r.cmd.Process.Signal(syscall.SIGKILL)
-	<-r.done
-}
-
-// breakLock deletes the Lease of a run the test killed: its holder is known
-// to be dead, so the next run need not wait for the Lease to expire.
-func breakLock(t *testing.T, e *env) {
-	t.Helper()
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: e.sim.ClusterKey().Namespace, Name: controlplane.LeaseName("demo")}}
-	if err := e.sim.ManagementClient().Delete(context.Background(), lease); client.IgnoreNotFound(err) != nil {
-		t.Fatal(err)
 	}
 }
 

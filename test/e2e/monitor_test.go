@@ -330,7 +330,8 @@ func assertConverged(t *testing.T, e *env, replicas int, version string) {
 }
 
 // orphans lists the InfraMachines and KubeadmConfigs of the namespace whose
-// Machine does not exist.
+// Machine does not exist. It is deliberately blunter than the tool's own
+// rule (labels, owner references): an independent check, by name alone.
 func orphans(t *testing.T, e *env) []string {
 	t.Helper()
 	ctx := context.Background()

@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
@@ -276,15 +277,66 @@ func TestBadInputChangesNothing(t *testing.T) {
 		expect([]string{"upgrade", "demo", "--version", to}, 3, tc.says...)
 		restore()
 	}
+	// Clusters the tool must not take over: siblings of demo sharing its
+	// KubeadmControlPlane and workload cluster, so a wrong take-over would
+	// show in demo's resourceVersions.
+	sibling(t, e, "stopped", func(c *clusterv1.Cluster) { c.Spec.Paused = ptr.To(true) })
+	expect([]string{"upgrade", "stopped", "--version", to}, 3, "cluster stopped is paused")
+	sibling(t, e, "classy", func(c *clusterv1.Cluster) {
+		c.Spec.Topology = clusterv1.Topology{ClassRef: clusterv1.ClusterClassRef{Name: "some-class"}, Version: from}
+	})
+	expect([]string{"upgrade", "classy", "--version", to}, 3, "managed by ClusterClass some-class")
+	doomed := sibling(t, e, "doomed", func(c *clusterv1.Cluster) { c.Finalizers = []string{"e2e.cp-rollout.io/hold"} })
+	if err := e.sim.ManagementClient().Delete(ctx, doomed); err != nil {
+		t.Fatal(err)
+	}
+	expect([]string{"upgrade", "doomed", "--version", to}, 3, "cluster doomed is being deleted")
 	assertUnchanged(t, before, versions(t, e))
+
+	// A KubeadmControlPlane paused by someone else: refused, and the tool
+	// changes nothing (compared from after the pause was set).
+	kcp := kcpOf(t, e)
+	patch := client.MergeFrom(kcp.DeepCopy())
+	if kcp.Annotations == nil {
+		kcp.Annotations = map[string]string{}
+	}
+	kcp.Annotations[clusterv1.PausedAnnotation] = ""
+	if err := e.sim.ManagementClient().Patch(ctx, kcp, patch); err != nil {
+		t.Fatal(err)
+	}
+	paused := quietVersions(t, e) // KCP reports Paused first
+	expect([]string{"upgrade", "demo", "--version", to}, 3, "paused by someone else")
+	assertUnchanged(t, paused, versions(t, e))
+}
+
+// sibling creates a Cluster named name that shares demo's KubeadmControlPlane,
+// kubeconfig and etcd CA, changed by mutate.
+func sibling(t *testing.T, e *env, name string, mutate func(*clusterv1.Cluster)) *clusterv1.Cluster {
+	t.Helper()
+	ctx, c := context.Background(), e.sim.ManagementClient()
+	demo := &clusterv1.Cluster{}
+	if err := c.Get(ctx, e.sim.ClusterKey(), demo); err != nil {
+		t.Fatal(err)
+	}
+	for _, purpose := range []secret.Purpose{secret.Kubeconfig, secret.EtcdCA} {
+		orig := &corev1.Secret{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: demo.Namespace, Name: secret.Name(demo.Name, purpose)}, orig); err != nil {
+			t.Fatal(err)
+		}
+		cp := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: demo.Namespace, Name: secret.Name(name, purpose)}, Data: orig.Data, Type: orig.Type}
+		if err := c.Create(ctx, cp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: demo.Namespace, Name: name}, Spec: *demo.Spec.DeepCopy()}
+	mutate(cluster)
+	if err := c.Create(ctx, cluster); err != nil {
+		t.Fatal(err)
+	}
+	return cluster
 }
 
 func ptrTo(s string) *string { return &s }
-
-// etcdCAKey is the simulated cluster's etcd CA Secret, <cluster>-etcd.
-func etcdCAKey(e *env) client.ObjectKey {
-	return client.ObjectKey{Namespace: e.sim.ClusterKey().Namespace, Name: secret.Name(e.sim.ClusterKey().Name, secret.EtcdCA)}
-}
 
 // withoutEtcdCA deletes the etcd CA Secret; restore puts it back as it was.
 func withoutEtcdCA(t *testing.T, e *env) func() {
