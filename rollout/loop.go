@@ -193,7 +193,7 @@ func (e *Engine) Converge(ctx context.Context, t Target) error {
 			e.report("refuse", machineName(step.Machine), progress.Failed, step.Reason, time.Now())
 			return step.Err
 		case step.Action == AwaitJoin || step.Action == AwaitDeletion:
-			key, kind := waitKey(step)
+			key, kind, what := awaited(step)
 			if w.begin(key, step.Reason) {
 				e.report(string(step.Action), step.Machine.Name, progress.Waiting, step.Reason, w.since)
 			}
@@ -201,7 +201,7 @@ func (e *Engine) Converge(ctx context.Context, t Target) error {
 				joined, joinSince = step.Machine.Name, w.since
 			}
 			if limit := e.limit(kind); time.Since(w.since) > limit {
-				return exitcode.Timeoutf("timed out after %s %s; last seen: %s", limit, describeWait(step), step.Reason)
+				return exitcode.Timeoutf("timed out after %s %s; last seen: %s", limit, what, step.Reason)
 			}
 			e.Changes.Wait(ctx, etcdPoll)
 		default:
@@ -266,15 +266,17 @@ const (
 	deleteWait    = "delete"
 )
 
-func waitKey(step Step) (key, kind string) {
+// awaited names a wait step: its key (what, for which machine), its kind,
+// and how a timeout describes it.
+func awaited(step Step) (key, kind, what string) {
 	m := step.Machine
 	switch {
 	case step.Action == AwaitDeletion:
-		return "delete/" + m.Name, deleteWait
+		return "delete/" + m.Name, deleteWait, "waiting for machine " + m.Name + " to be deleted"
 	case nodeName(m) == "":
-		return "provision/" + m.Name, provisionWait
+		return "provision/" + m.Name, provisionWait, "waiting for machine " + m.Name + " to get a node"
 	default:
-		return "health/" + m.Name, healthWait
+		return "health/" + m.Name, healthWait, "waiting for machine " + m.Name + " to be healthy"
 	}
 }
 
@@ -286,16 +288,6 @@ func (e *Engine) limit(kind string) time.Duration {
 		return e.Timeouts.Delete
 	}
 	return e.Timeouts.Health
-}
-
-func describeWait(step Step) string {
-	if step.Action == AwaitDeletion {
-		return "waiting for machine " + step.Machine.Name + " to be deleted"
-	}
-	if nodeName(step.Machine) == "" {
-		return "waiting for machine " + step.Machine.Name + " to get a node"
-	}
-	return "waiting for machine " + step.Machine.Name + " to be healthy"
 }
 
 // execute performs one acting step.
