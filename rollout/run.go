@@ -55,8 +55,13 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 		return nil, err
 	}
 	// A replace that was interrupted after its machine went resumes on the
-	// record alone.
+	// record alone; one that finished (and was killed before it could say
+	// so) is found in the last operation's record.
 	if _, ok := s.CP.Machines[r.Replace]; r.Replace != "" && rec == nil && !ok {
+		if last := controlplane.LastOf(s.CP.KCP); last != nil && last.Finished != nil && last.Operation == r.Operation && last.Target == r.TargetString() {
+			return nil, fmt.Errorf("%w: machine %s was replaced by %s, finished %s", ErrNothingToDo,
+				r.Replace, last.Who, last.Finished.Format(time.RFC3339))
+		}
 		return nil, exitcode.Usagef("machine %s is not a control-plane machine of cluster %s", r.Replace, s.CP.Cluster.Name)
 	}
 	projected, err := e.ControlPlane.WithKCP(ctx, s.CP, want)
@@ -169,7 +174,7 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 		return err
 	}
 	began = time.Now()
-	if err := e.ControlPlane.Resume(runCtx, s.CP.KCP); err != nil {
+	if err := e.ControlPlane.Complete(runCtx, s.CP.KCP); err != nil {
 		return err
 	}
 	e.report("handback", "", progress.Done, "KubeadmControlPlane "+s.CP.KCP.Name+" unpaused; KCP is in charge again", began)

@@ -84,8 +84,12 @@ func (o *rolloutOptions) run(ctx context.Context, streams genericiooptions.IOStr
 
 	prepared, err := engine.Prepare(ctx, r)
 	if errors.Is(err, rollout.ErrNothingToDo) {
+		msg := "nothing to do: the control plane already matches " + r.TargetString()
+		if err != rollout.ErrNothingToDo {
+			msg = err.Error() // it says why
+		}
 		reporter.Report(progress.Event{Time: time.Now(), Cluster: o.Cluster, Namespace: o.Namespace, Action: r.Operation,
-			Phase: progress.Done, Message: "nothing to do: the control plane already matches " + r.TargetString()})
+			Phase: progress.Done, Message: msg})
 		return nil
 	}
 	if err != nil {

@@ -28,12 +28,20 @@ import (
 // without it was set by someone else and is never removed by this tool.
 const RecordAnnotation = "cp-rollout.cluster.x-k8s.io/operation"
 
-// Record describes the operation that holds a control plane paused.
+// LastOperationAnnotation keeps, after a hand-back, the record of the
+// operation that finished: a runbook re-running a replace whose machine is
+// already gone learns it is done instead of being told the machine does not
+// exist. It never pauses anything.
+const LastOperationAnnotation = "cp-rollout.cluster.x-k8s.io/last-operation"
+
+// Record describes the operation that holds a control plane paused, or that
+// last finished.
 type Record struct {
-	Operation string    `json:"operation"` // upgrade, scale, replace
-	Target    string    `json:"target"`    // v1.36.3, replicas=5, machine name
-	Who       string    `json:"who"`
-	Started   time.Time `json:"started"`
+	Operation string     `json:"operation"` // upgrade, scale, replace
+	Target    string     `json:"target"`    // v1.36.3, replicas=5, machine name
+	Who       string     `json:"who"`
+	Started   time.Time  `json:"started"`
+	Finished  *time.Time `json:"finished,omitempty"`
 }
 
 func (r Record) String() string {
@@ -51,6 +59,16 @@ func RecordOf(kcp *controlplanev1.KubeadmControlPlane) (*Record, error) {
 		return nil, exitcode.Unsafef("KubeadmControlPlane %s: unreadable %s annotation: %v", kcp.Name, RecordAnnotation, err)
 	}
 	return r, nil
+}
+
+// LastOf returns the record of the last operation that finished on kcp, if
+// any can be read.
+func LastOf(kcp *controlplanev1.KubeadmControlPlane) *Record {
+	r := &Record{}
+	if raw, ok := kcp.Annotations[LastOperationAnnotation]; !ok || json.Unmarshal([]byte(raw), r) != nil {
+		return nil
+	}
+	return r
 }
 
 // CheckTakeover refuses a KubeadmControlPlane this tool must not pause: one
@@ -172,6 +190,22 @@ func (c *Client) Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlP
 		return nil
 	}
 	return c.patchAnnotations(ctx, kcp, map[string]any{clusterv1.PausedAnnotation: nil, RecordAnnotation: nil})
+}
+
+// Complete hands the control plane back after its operation finished: as
+// Resume, and in the same patch the record moves to LastOperationAnnotation.
+func (c *Client) Complete(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error {
+	rec, err := RecordOf(kcp)
+	if err != nil || rec == nil {
+		return err
+	}
+	now := time.Now().UTC()
+	rec.Finished = &now
+	raw, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return c.patchAnnotations(ctx, kcp, map[string]any{clusterv1.PausedAnnotation: nil, RecordAnnotation: nil, LastOperationAnnotation: string(raw)})
 }
 
 // SupportedKCPMinor is the KCP controller minor this tool computes desired

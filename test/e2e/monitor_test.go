@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/test/builder"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 )
 
 // monitor watches a scenario from the outside, every 100 ms, and records every
@@ -270,7 +271,7 @@ func assertConverged(t *testing.T, e *env, replicas int, version string) {
 		t.Errorf("KCP still paused: %v", kcp.Annotations)
 	}
 	for k := range kcp.Annotations {
-		if strings.HasPrefix(k, "cp-rollout.") {
+		if strings.HasPrefix(k, "cp-rollout.") && k != controlplane.LastOperationAnnotation {
 			t.Errorf("KCP still carries %s", k)
 		}
 	}

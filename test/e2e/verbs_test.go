@@ -148,6 +148,11 @@ func TestReplaceOneMachine(t *testing.T) {
 				t.Fatalf("surge %s: %s still there", surge, victim)
 			}
 		}
+		// A runbook re-running the finished replace (say, after a crash that
+		// hid its exit code) is told it is done, not that the machine is unknown.
+		if r := e.plugin(t, ctx, "replace", "demo", victim, "--max-surge", surge); r.code != 0 || !strings.Contains(r.stderr, "was replaced by") {
+			t.Errorf("re-run of replace %s: exit %d, want 0 saying it was replaced", victim, r.code)
+		}
 	}
 }
 
