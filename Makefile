@@ -40,7 +40,7 @@ envtest:
 test: lint ## everything CI runs
 	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
-test-faults: ## the fault, crash and bad-input suite, with SIGKILL at every step boundary (about 40 minutes)
+test-faults: ## the fault, crash and bad-input suite, with SIGKILL at every step boundary (about 25 minutes)
 	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) CP_ROLLOUT_FULL_KILL_MATRIX=1 \
 		$(GO) test -count=1 -timeout 90m -v ./test/e2e \
 		-run 'TestKill|Fault|Unreachable|Lease|Never|Stopped|SecondRun|Restart|MoveLeader|BadInput|Interrupt|Handback|NoKeyMaterial'
