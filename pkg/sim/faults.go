@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
 )
 
 // Fault hooks for tests and rehearsals. Each acts on the simulated hosts
@@ -19,15 +21,9 @@ import (
 // StopMember stops the etcd member of the named node, as a crashed etcd
 // would: it stays in the member list, unreachable. The node and its pods stay.
 func (s *Sim) StopMember(nodeName string) error {
-	n := s.provider.nodeByName(nodeName)
-	if n == nil {
-		return fmt.Errorf("%w: %s", errUnknownNode, nodeName)
-	}
-	s.provider.mu.Lock()
-	m := n.member
-	s.provider.mu.Unlock()
-	if m == nil {
-		return fmt.Errorf("node %s runs no etcd member", nodeName)
+	m, err := s.memberOf(nodeName)
+	if err != nil {
+		return err
 	}
 	m.Stop()
 	return nil
@@ -36,17 +32,26 @@ func (s *Sim) StopMember(nodeName string) error {
 // RestartMember starts a member StopMember stopped again with its identity and
 // data, as a node whose etcd comes back after a crash.
 func (s *Sim) RestartMember(ctx context.Context, nodeName string) error {
+	m, err := s.memberOf(nodeName)
+	if err != nil {
+		return err
+	}
+	return m.Restart(ctx)
+}
+
+// memberOf returns the etcd member running on the named node.
+func (s *Sim) memberOf(nodeName string) (*member.Member, error) {
 	n := s.provider.nodeByName(nodeName)
 	if n == nil {
-		return fmt.Errorf("%w: %s", errUnknownNode, nodeName)
+		return nil, fmt.Errorf("%w: %s", errUnknownNode, nodeName)
 	}
 	s.provider.mu.Lock()
 	m := n.member
 	s.provider.mu.Unlock()
 	if m == nil {
-		return fmt.Errorf("node %s runs no etcd member", nodeName)
+		return nil, fmt.Errorf("node %s runs no etcd member", nodeName)
 	}
-	return m.Restart(ctx)
+	return m, nil
 }
 
 // SetStaticPodReady turns the named node's static pod of component (one of
