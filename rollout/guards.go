@@ -1,23 +1,31 @@
 package rollout
 
 import (
-	"fmt"
 	"sort"
 	"strings"
 
+	"github.com/blang/semver/v4"
 	"k8s.io/utils/ptr"
+
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
-// The guards: pure functions of one Snapshot. Everything that decides —
-// planner, loop, plan and status — goes through these.
+// The guards: pure functions of one Snapshot. Everything that decides — Next,
+// the loop, the hand-over, plan and status — goes through these.
+//
+// They come in one of two shapes. A check is func(*Snapshot[, *Machine]) error:
+// nil passes, an error refuses, carries its exit code and names the machine or
+// member at fault. A selection is a collections.Func filter or a query that
+// returns machines, as in CAPI's util/collections.
 
 // Deleting returns the control-plane machines being deleted. While there is
 // one, no other step starts: its deletion is finished first.
@@ -63,12 +71,6 @@ func IsLast(s *Snapshot, m *clusterv1.Machine) bool {
 	return s.CP.Machines.Len() <= 1 && s.CP.Machines.Has(m)
 }
 
-// WithoutNodeRef returns the machines that have no node yet: replacements in
-// flight.
-func WithoutNodeRef(s *Snapshot) collections.Machines {
-	return s.CP.Machines.Filter(collections.Not(collections.HasNode()))
-}
-
 // MemberOf returns the etcd member of m (kubeadm names members after nodes).
 func MemberOf(s *Snapshot, m *clusterv1.Machine) (etcd.Member, bool) {
 	name := nodeName(m)
@@ -93,31 +95,31 @@ func components(s *Snapshot) []string {
 
 // Problem says what keeps machine m from being a healthy control-plane
 // machine, from the tool's own live reads: a node that is Ready, its static
-// pods Ready, and one named, voting, healthy etcd member without alarms.
-// "" means healthy.
-func Problem(s *Snapshot, m *clusterv1.Machine) string {
+// pods Ready, and one named, voting, healthy etcd member without alarms. nil
+// means healthy; the error is marked Unsafe and names the machine.
+func Problem(s *Snapshot, m *clusterv1.Machine) error {
 	name := nodeName(m)
 	if name == "" {
-		return fmt.Sprintf("machine %s has no node yet%s", m.Name, provisioning(m))
+		return exitcode.Unsafef("machine %s has no node yet%s", m.Name, provisioning(m))
 	}
 	if p := s.Nodes[name].Problem(components(s)); p != "" {
-		return fmt.Sprintf("machine %s: %s", m.Name, p)
+		return exitcode.Unsafef("machine %s: %s", m.Name, p)
 	}
 	if !s.EtcdManaged {
-		return ""
+		return nil
 	}
 	member, ok := MemberOf(s, m)
 	switch {
 	case !ok:
-		return fmt.Sprintf("machine %s: no etcd member named %s%s", m.Name, name, pendingMembers(s))
+		return exitcode.Unsafef("machine %s: no etcd member named %s%s", m.Name, name, pendingMembers(s))
 	case member.Learner:
-		return fmt.Sprintf("machine %s: etcd member %s is a learner, not yet promoted", m.Name, member)
+		return exitcode.Unsafef("machine %s: etcd member %s is a learner, not yet promoted", m.Name, member)
 	case len(member.Alarms) > 0:
-		return fmt.Sprintf("machine %s: etcd member %s has alarms %s", m.Name, member, strings.Join(member.Alarms, ", "))
+		return exitcode.Unsafef("machine %s: etcd member %s has alarms %s", m.Name, member, strings.Join(member.Alarms, ", "))
 	case !member.Healthy:
-		return fmt.Sprintf("machine %s: etcd member %s is unhealthy: %s", m.Name, member, strings.Join(member.Errors, "; "))
+		return exitcode.Unsafef("machine %s: etcd member %s is unhealthy: %s", m.Name, member, strings.Join(member.Errors, "; "))
 	}
-	return ""
+	return nil
 }
 
 // Joining reports whether m is still coming up — no node yet, node or static
@@ -171,8 +173,8 @@ func Healthy(s *Snapshot, skip ...*clusterv1.Machine) error {
 		if skipped.Has(m) {
 			continue
 		}
-		if p := Problem(s, m); p != "" {
-			return exitcode.Unsafef("%s", p)
+		if err := Problem(s, m); err != nil {
+			return err
 		}
 	}
 	if !s.EtcdManaged {
@@ -289,4 +291,117 @@ func WaitingForCleanup(m *clusterv1.Machine) bool {
 func HasCleanupHook(m *clusterv1.Machine) bool {
 	_, ok := m.Annotations[controlplanev1.PreTerminateHookCleanupAnnotation]
 	return ok
+}
+
+// The hand-over guards: may this tool take the control plane over from KCP,
+// and is it still in its hands?
+
+// CheckTakeover refuses a control plane this tool must not pause: a deleting
+// or paused Cluster, one managed by a ClusterClass topology (the topology
+// controller would rewrite the spec we set), a KubeadmControlPlane paused by
+// someone else or with a remediation in progress.
+func CheckTakeover(s *Snapshot) error {
+	cluster, kcp := s.CP.Cluster, s.CP.KCP
+	if !cluster.DeletionTimestamp.IsZero() {
+		return exitcode.Unsafef("cluster %s is being deleted", cluster.Name)
+	}
+	if ptr.Deref(cluster.Spec.Paused, false) {
+		return exitcode.Unsafef("cluster %s is paused (spec.paused): the Machine controller is frozen too, so no machine could join or leave; unpause it first",
+			cluster.Name)
+	}
+	if cluster.Spec.Topology.IsDefined() {
+		return exitcode.Unsafef("cluster %s is managed by ClusterClass %s: change spec.topology on the Cluster instead",
+			cluster.Name, cluster.Spec.Topology.ClassRef.Name)
+	}
+	if err := PausedBySomeoneElse(s); err != nil {
+		return err
+	}
+	if _, ok := kcp.Annotations[controlplanev1.RemediationInProgressAnnotation]; ok {
+		return exitcode.Unsafef("KubeadmControlPlane %s has a remediation in progress (%s): let KCP finish it first",
+			kcp.Name, controlplanev1.RemediationInProgressAnnotation)
+	}
+	return nil
+}
+
+// takeoverCheck is CheckTakeover for what controlplane.Pause reads on each
+// attempt.
+func takeoverCheck(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane) error {
+	return CheckTakeover(NewSnapshot(&kcpstate.ControlPlane{Cluster: cluster, KCP: kcp}))
+}
+
+// PausedBySomeoneElse refuses a KubeadmControlPlane whose pause carries no
+// record of this tool: someone paused it for a reason of their own, and this
+// tool never takes over, nor removes, a pause it did not set.
+func PausedBySomeoneElse(s *Snapshot) error {
+	kcp := s.CP.KCP
+	_, paused := kcp.Annotations[clusterv1.PausedAnnotation]
+	_, ours := kcp.Annotations[controlplane.RecordAnnotation]
+	if paused && !ours {
+		return exitcode.Unsafef("KubeadmControlPlane %s is paused by someone else (annotation %s without a %s record): this tool never takes over or removes a pause it did not set; find who paused it and why",
+			kcp.Name, clusterv1.PausedAnnotation, controlplane.RecordAnnotation)
+	}
+	return nil
+}
+
+// StillOurs stops a run whose KubeadmControlPlane is no longer paused with
+// this tool's record — someone ran handback, or a GitOps sync reverted it:
+// acting on would race KCP itself.
+func StillOurs(s *Snapshot) error {
+	if err := PausedBySomeoneElse(s); err != nil {
+		return err
+	}
+	if _, paused := s.CP.KCP.Annotations[clusterv1.PausedAnnotation]; !paused {
+		return exitcode.Unsafef("KubeadmControlPlane %s was unpaused or lost this tool's record during the run (someone ran handback, or a GitOps sync reverted it): stopping so as not to race KCP",
+			s.CP.KCP.Name)
+	}
+	return nil
+}
+
+// TargetUnchanged stops a run whose KubeadmControlPlane asks for another
+// version than the run set: a run never finishes on a spec someone else
+// changed.
+func TargetUnchanged(s *Snapshot, t Target) error {
+	if t.Version != "" && s.CP.KCP.Spec.Version != t.Version {
+		return exitcode.Unsafef("KubeadmControlPlane %s asks for %s, not %s: someone changed it during the run",
+			s.CP.KCP.Name, s.CP.KCP.Spec.Version, t.Version)
+	}
+	return nil
+}
+
+// CheckState refuses a request on a control plane this tool must not take
+// over (CheckTakeover), or that holds an unfinished operation of ours for a
+// different target.
+func CheckState(s *Snapshot, r Request) error {
+	if err := CheckTakeover(s); err != nil {
+		return err
+	}
+	rec, err := controlplane.RecordOf(s.CP.KCP)
+	if err != nil {
+		return err
+	}
+	if rec != nil && (rec.Operation != r.Operation || rec.Target != r.TargetString()) {
+		return exitcode.Unsafef("KubeadmControlPlane %s holds an unfinished operation: %s; re-run that command to finish it, or `kubectl cp-rollout handback %s` to give control back to KCP",
+			s.CP.KCP.Name, rec, s.CP.Cluster.Name)
+	}
+	return nil
+}
+
+// SupportedKCPMinor is the KCP controller minor this tool computes desired
+// state with. Another minor computes it differently, and after hand-back KCP
+// would roll every machine again.
+var SupportedKCPMinor = semver.Version{Major: 1, Minor: 14}
+
+// CheckKCPVersion refuses a KCP controller of another minor than the
+// supported one. Its input is the controller's image tag, which no snapshot
+// holds: it is read once per run, from the controller's Deployment.
+func CheckKCPVersion(version string) error {
+	v, err := semver.ParseTolerant(version)
+	if err != nil {
+		return exitcode.Unsafef("KCP controller version %q is not a version: pass --kcp-version", version)
+	}
+	if v.Major != SupportedKCPMinor.Major || v.Minor != SupportedKCPMinor.Minor {
+		return exitcode.Unsafef("KCP controller is %s; this tool supports v%d.%d.x, whose desired state it reproduces (another minor would re-roll every machine after hand-back)",
+			version, SupportedKCPMinor.Major, SupportedKCPMinor.Minor)
+	}
+	return nil
 }

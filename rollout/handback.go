@@ -7,11 +7,9 @@ import (
 
 	"k8s.io/utils/ptr"
 
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
-	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
 
 // Handback ends this tool's ownership of the control plane: it removes a stale
@@ -27,9 +25,8 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, paused := cp.KCP.Annotations[clusterv1.PausedAnnotation]; paused && rec == nil {
-		return nil, exitcode.Unsafef("KubeadmControlPlane %s is paused by someone else (no %s record): this tool never removes a pause it did not set",
-			cp.KCP.Name, controlplane.RecordAnnotation)
+	if err := PausedBySomeoneElse(NewSnapshot(cp)); err != nil {
+		return nil, err
 	}
 	var done []string
 	holder, err := e.ControlPlane.BreakLock(ctx, force)
@@ -58,7 +55,7 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 	if want != have {
 		todo = append(todo, fmt.Sprintf("scale from %d to %d machines", have, want))
 	}
-	if d := Deleting(&Snapshot{CP: cp}); d.Len() > 0 {
+	if d := Deleting(NewSnapshot(cp)); d.Len() > 0 {
 		todo = append(todo, "finish deleting "+strings.Join(d.Names(), ", "))
 	}
 	if len(todo) == 0 {

@@ -3,207 +3,144 @@ package rollout
 import (
 	"context"
 	"fmt"
-	"strings"
+	"slices"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/collections"
-	"sigs.k8s.io/cluster-api/util/conditions"
 
-	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
-// Action is the kind of the one next step.
-type Action string
+// maxPlannedSteps bounds a projection; a real plan has a few steps per machine.
+const maxPlannedSteps = 200
 
-const (
-	// Done: the control plane matches the target.
-	Done Action = "done"
-	// Refuse: the control plane is in a state no step may be taken in.
-	Refuse Action = "refuse"
-	// AwaitDeletion: a machine is deleting; wait for its pre-terminate stage
-	// or for it to be gone.
-	AwaitDeletion Action = "await-deletion"
-	// ServeCleanupHook: a deleting machine waits on the kcp-cleanup hook; move
-	// leadership off its member if needed, remove the member, remove the hook.
-	ServeCleanupHook Action = "serve-cleanup-hook"
-	// AwaitJoin: a new machine is coming up; wait until it is healthy.
-	AwaitJoin Action = "await-join"
-	// Create: create one new control-plane machine.
-	Create Action = "create"
-	// Delete: delete one control-plane machine (the victim).
-	Delete Action = "delete"
-)
-
-// Step is the planner's answer: one action and why.
-type Step struct {
-	Action Action
-	// Machine is the machine acted on or waited for.
-	Machine *clusterv1.Machine
-	// FailureDomain is where Create places the new machine.
-	FailureDomain string
-	// Reason is a sentence for people: what and why.
-	Reason string
-	// Err explains a Refuse, marked with its exit code.
-	Err error
-	// Transient marks a Refuse caused by a machine's health, which may
-	// recover by itself: the loop waits on it a while before it gives up.
-	Transient bool
-}
-
-// Next decides the one next step for s towards t. It is pure: it reads only s
-// and t, so plan, dry runs and the loop agree by construction.
-//
-// The order is the safety argument: first refuse broken states, then finish
-// any deletion in progress, then wait for any machine still joining, and only
-// then — with every machine healthy — create or delete exactly one machine.
-func Next(ctx context.Context, s *Snapshot, t Target) Step {
-	if err := MissingPieces(s); err != nil {
-		return refuse(err)
-	}
-	if deleting := Deleting(s); deleting.Len() > 0 {
-		// As KCP does: a deleting machine without the kcp-cleanup hook goes
-		// first — its member may stop without being removed, so no other
-		// member may be removed until it is gone.
-		if unhooked := deleting.Filter(collections.Not(HasCleanupHook)); unhooked.Len() > 0 {
-			m := unhooked.OldestDeletionTimestamp()
-			return Step{Action: AwaitDeletion, Machine: m, Reason: deletionReason(m)}
+// Plan projects the steps the loop would take from s towards t: it asks Next,
+// applies the step's expected outcome to a copy of the snapshot (a new machine
+// joins healthy, a deleted machine and its member go, leadership moves to the
+// first candidate), and asks again — so a plan is what the loop decides, not a
+// second implementation of it. It stops at Done or at a refusal, which it
+// includes.
+func Plan(ctx context.Context, s *Snapshot, t Target) []Step {
+	s = s.clone()
+	var steps []Step
+	for n := 0; n < maxPlannedSteps; n++ {
+		step := Next(ctx, s, t)
+		if step.Action == Done {
+			return steps
 		}
-		m := deleting.OldestDeletionTimestamp()
-		if WaitingForCleanup(m) {
-			return Step{Action: ServeCleanupHook, Machine: m,
-				Reason: fmt.Sprintf("machine %s waits on its pre-terminate hook: remove its etcd member, then release it", m.Name)}
-		}
-		return Step{Action: AwaitDeletion, Machine: m, Reason: deletionReason(m)}
-	}
-
-	machines := s.CP.Machines
-	if machines.Len() == 0 {
-		// KCP would create the first machine with an init configuration; a
-		// rollout only ever joins machines to a running control plane.
-		return refuse(exitcode.Unsafef("cluster %s has no control-plane machine to roll", s.CP.Cluster.Name))
-	}
-	if t.Version != "" && s.CP.KCP.Spec.Version != t.Version {
-		return refuse(exitcode.Unsafef("KubeadmControlPlane %s asks for %s, not %s: someone changed it during the run",
-			s.CP.KCP.Name, s.CP.KCP.Spec.Version, t.Version))
-	}
-	for _, m := range machines.SortedByCreationTimestamp() {
-		p := Problem(s, m)
-		if p == "" {
-			continue
-		}
-		if !s.CP.MachinesNotUpToDate.Has(m) && Joining(s, m) {
-			return Step{Action: AwaitJoin, Machine: m, Reason: p}
-		}
-		// A machine that was up and went bad may recover (a failed probe, a
-		// restarting pod); the loop waits a little before it gives up.
-		step := refuse(exitcode.Unsafef("%s", p))
-		step.Machine, step.Transient = m, true
-		return step
-	}
-	if err := Healthy(s); err != nil {
-		return refuse(err)
-	}
-
-	outdated := NeedingRollout(s, t)
-	count := int32(machines.Len())
-	switch {
-	case count < t.Replicas:
-		return create(ctx, s, fmt.Sprintf("%d of %d control-plane machines", count, t.Replicas))
-	case count > t.Replicas:
-		return remove(ctx, s, outdated, fmt.Sprintf("%d control-plane machines, %d wanted", count, t.Replicas))
-	case outdated.Len() == 0:
-		return Step{Action: Done, Reason: fmt.Sprintf("%d control-plane machines, all up to date", count)}
-	case t.MaxSurge > 0:
-		return create(ctx, s, fmt.Sprintf("%d machine(s) to replace, surge first", outdated.Len()))
-	default:
-		return remove(ctx, s, outdated, fmt.Sprintf("%d machine(s) to replace, no spare capacity: delete first", outdated.Len()))
-	}
-}
-
-func refuse(err error) Step {
-	return Step{Action: Refuse, Reason: err.Error(), Err: err}
-}
-
-func deletionReason(m *clusterv1.Machine) string {
-	reason := fmt.Sprintf("machine %s is deleting: waiting until it is gone", m.Name)
-	if HasCleanupHook(m) {
-		reason = fmt.Sprintf("machine %s is deleting: waiting for its pre-terminate stage (drain, other hooks)", m.Name)
-	}
-	// The Machine controller says which stage it is in: that is what an
-	// operator needs when the wait does not end.
-	if c := conditions.Get(m, clusterv1.MachineDeletingCondition); c != nil && c.Status == metav1.ConditionTrue {
-		reason += "; the Machine controller reports " + c.Reason
-		if msg := strings.Join(strings.Fields(c.Message), " "); msg != "" {
-			reason += ": " + msg
+		steps = append(steps, step)
+		switch step.Action {
+		case Refuse:
+			return steps
+		case Create:
+			s.join(fmt.Sprintf("new-%d", n+1), step.FailureDomain)
+		case AwaitJoin:
+			s.heal(step.Machine)
+		case Delete, ServeCleanupHook, AwaitDeletion:
+			s.remove(step.Machine)
 		}
 	}
-	return reason
+	return steps
 }
 
-// create places one new machine in the failure domain KCP would pick: the one
-// with the fewest up-to-date machines.
-func create(ctx context.Context, s *Snapshot, why string) Step {
-	if err := SafeToAdd(s); err != nil {
-		return refuse(err)
+// clone copies what a projection changes; machines themselves are only ever
+// replaced, never mutated.
+func (s *Snapshot) clone() *Snapshot {
+	c := *s
+	cp := *s.CP
+	cp.Machines = s.CP.Machines.Filter() // a new set holding the same machines
+	cp.MachinesNotUpToDate = s.CP.MachinesNotUpToDate.Filter()
+	cp.InfraResources = map[string]*unstructured.Unstructured{}
+	for k, v := range s.CP.InfraResources {
+		cp.InfraResources[k] = v
 	}
-	fd, err := s.CP.NextFailureDomainForScaleUp(ctx)
-	if err != nil {
-		return refuse(err)
+	cp.KubeadmConfigs = map[string]*bootstrapv1.KubeadmConfig{}
+	for k, v := range s.CP.KubeadmConfigs {
+		cp.KubeadmConfigs[k] = v
 	}
-	reason := "create a control-plane machine at " + s.CP.KCP.Spec.Version + ": " + why
-	if fd != "" {
-		reason += " (failure domain " + fd + ")"
+	c.CP = &cp
+	c.Nodes = map[string]workload.Node{}
+	for k, v := range s.Nodes {
+		c.Nodes[k] = v
 	}
-	return Step{Action: Create, FailureDomain: fd, Reason: reason}
+	c.Members = append([]etcd.Member{}, s.Members...)
+	return &c
 }
 
-// remove picks the victim in KCP's order and checks it may go.
-func remove(ctx context.Context, s *Snapshot, outdated collections.Machines, why string) Step {
-	victim, err := Victim(ctx, s, outdated)
-	if err != nil {
-		return refuse(err)
+// join adds an up-to-date machine that has become healthy.
+func (s *Snapshot) join(name, failureDomain string) {
+	// Newer than every machine, as a real replacement would be.
+	created := s.Now
+	if newest := s.CP.Machines.Newest(); newest != nil && !newest.CreationTimestamp.Before(&metav1.Time{Time: created}) {
+		created = newest.CreationTimestamp.Add(time.Second)
 	}
-	if IsLast(s, victim) {
-		return refuse(exitcode.Unsafef("machine %s is the last control-plane machine: it is never deleted", victim.Name))
-	}
-	if err := SafeToRemove(s, victim); err != nil {
-		return refuse(err)
-	}
-	return Step{Action: Delete, Machine: victim,
-		Reason: fmt.Sprintf("delete machine %s: %s", victim.Name, why)}
+	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.CP.Cluster.Namespace,
+		CreationTimestamp: metav1.NewTime(created)}}
+	m.Spec.Version = s.CP.KCP.Spec.Version
+	m.Spec.FailureDomain = failureDomain
+	s.CP.Machines.Insert(m)
+	s.CP.InfraResources[name] = &unstructured.Unstructured{}
+	s.CP.KubeadmConfigs[name] = &bootstrapv1.KubeadmConfig{}
+	s.heal(m)
 }
 
-// Victim picks the machine to delete in KCP's order (scale.go): outdated
-// machines marked with the delete-machine annotation; any machine so marked;
-// outdated machines with unhealthy components; outdated machines; all. Then,
-// among those, the failure domain with the most machines (machines outside
-// the current failure domains first), and there the oldest machine.
-// "Unhealthy components" is the tool's live Problem: KCP's own Machine
-// conditions are frozen while it is paused. (Next only deletes when every
-// machine is healthy, so that branch matters only to callers that pass an
-// unhealthy control plane; it is kept so the order stays KCP's.)
-func Victim(ctx context.Context, s *Snapshot, outdated collections.Machines) (*clusterv1.Machine, error) {
-	unhealthy := func(m *clusterv1.Machine) bool { return m != nil && Problem(s, m) != "" }
-	var eligible collections.Machines
-	switch {
-	case s.CP.MachineWithDeleteAnnotation(outdated).Len() > 0:
-		eligible = s.CP.MachineWithDeleteAnnotation(outdated)
-	case s.CP.MachineWithDeleteAnnotation(s.CP.Machines).Len() > 0:
-		eligible = s.CP.MachineWithDeleteAnnotation(s.CP.Machines)
-	case outdated.Filter(unhealthy).Len() > 0:
-		eligible = outdated.Filter(unhealthy)
-	case outdated.Len() > 0:
-		eligible = outdated
-	default:
-		eligible = s.CP.Machines
+// heal gives m a Ready node with Ready static pods and a healthy voting member.
+func (s *Snapshot) heal(m *clusterv1.Machine) {
+	node := nodeName(m)
+	if node == "" {
+		fresh := m.DeepCopy()
+		fresh.Status.NodeRef = clusterv1.MachineNodeReference{Name: "node-of-" + m.Name}
+		s.CP.Machines.Insert(fresh)
+		m, node = fresh, fresh.Status.NodeRef.Name
 	}
-	return s.CP.MachineInFailureDomainWithMostMachines(ctx, eligible)
+	pods := map[string]bool{}
+	for _, c := range components(s) {
+		pods[c] = true
+	}
+	s.Nodes[node] = workload.Node{Name: node, Found: true, Ready: true, Pods: pods}
+	if !s.EtcdManaged {
+		return
+	}
+	// Its member is the one named after its node or, while it has not
+	// started, the unnamed one; either way it ends up named, voting, healthy.
+	i := slices.IndexFunc(s.Members, func(member etcd.Member) bool { return member.Name == node })
+	if i < 0 {
+		i = slices.IndexFunc(s.Members, func(member etcd.Member) bool { return !member.Started() })
+	}
+	if i >= 0 {
+		s.Members[i] = etcd.Member{ID: s.Members[i].ID, Name: node, Healthy: true, Leader: s.Members[i].Leader}
+		return
+	}
+	var id uint64 = 1
+	for _, member := range s.Members {
+		id = max(id, member.ID+1)
+	}
+	s.Members = append(s.Members, etcd.Member{ID: id, Name: node, Healthy: true})
 }
 
-// Replicas returns the KubeadmControlPlane's desired replicas.
-func Replicas(s *Snapshot) int32 {
-	return ptr.Deref(s.CP.KCP.Spec.Replicas, 1)
+// remove takes m, its node and its member away, moving leadership first.
+func (s *Snapshot) remove(m *clusterv1.Machine) {
+	if Leads(s, m) {
+		if next := LeaderCandidates(s, m); len(next) > 0 {
+			for i := range s.Members {
+				s.Members[i].Leader = s.Members[i].ID == next[0].ID
+			}
+		}
+	}
+	node := nodeName(m)
+	for i, member := range s.Members {
+		if node != "" && member.Name == node {
+			s.Members = append(s.Members[:i], s.Members[i+1:]...)
+			break
+		}
+	}
+	delete(s.Nodes, node)
+	kept := s.CP.Machines.Filter(func(o *clusterv1.Machine) bool { return o != nil && o.Name != m.Name })
+	s.CP.Machines = kept
+	s.CP.MachinesNotUpToDate = s.CP.MachinesNotUpToDate.Filter(func(o *clusterv1.Machine) bool { return o != nil && o.Name != m.Name })
 }

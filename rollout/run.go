@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/user"
 	"time"
 
-	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
@@ -20,24 +20,23 @@ import (
 // PauseTimeout bounds the wait for the KCP controller to report Paused.
 var PauseTimeout = 2 * time.Minute
 
-// ErrNothingToDo is returned by Prepare when the control plane already
-// matches the request.
-var ErrNothingToDo = errors.New("nothing to do")
-
 // Prepared is a checked request, ready to run: the snapshot it was checked on
-// and the target the loop drives towards.
+// (projected with the request's spec) and the target the loop drives towards.
 type Prepared struct {
 	Request  Request
 	Snapshot *Snapshot
 	Target   Target
 	// Steps counts the machine steps expected, for progress.
 	Steps int
+	// NothingToDo, when set, says why the control plane already matches the
+	// request: there is nothing to run.
+	NothingToDo string
 }
 
 // Prepare reads the control plane and checks the request against it without
-// changing anything: bad input is exit 2, an unsafe state exit 3, and a
-// control plane that already matches (and carries no record of ours) is
-// ErrNothingToDo.
+// changing anything: bad input is exit 2, an unsafe state exit 3. A control
+// plane that already matches (and carries no record of ours) is prepared with
+// NothingToDo set.
 func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	s, err := e.Read(ctx)
 	if err != nil {
@@ -59,8 +58,8 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	// so) is found in the last operation's record.
 	if _, ok := s.CP.Machines[r.Replace]; r.Replace != "" && rec == nil && !ok {
 		if last := controlplane.LastOf(s.CP.KCP); last != nil && last.Finished != nil && last.Operation == r.Operation && last.Target == r.TargetString() {
-			return nil, fmt.Errorf("%w: machine %s was replaced by %s, finished %s", ErrNothingToDo,
-				r.Replace, last.Who, last.Finished.Format(time.RFC3339))
+			return &Prepared{Request: r, NothingToDo: fmt.Sprintf("nothing to do: machine %s was replaced by %s, finished %s",
+				r.Replace, last.Who, last.Finished.Format(time.RFC3339))}, nil
 		}
 		return nil, exitcode.Usagef("machine %s is not a control-plane machine of cluster %s", r.Replace, s.CP.Cluster.Name)
 	}
@@ -76,7 +75,8 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	delta := int(t.Replicas) - s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)).Len()
 	p.Steps = outdated + max(delta, -delta)
 	if rec == nil && outdated == 0 && delta == 0 && Deleting(s).Len() == 0 {
-		return p, ErrNothingToDo
+		p.NothingToDo = "nothing to do: the control plane already matches " + r.TargetString()
+		return p, nil
 	}
 	// Refuse an unsafe control plane now, before the lock and the pause: a
 	// refusal then changes nothing.
@@ -93,7 +93,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 // stops early the KCP stays paused with the record, so a re-run resumes and
 // status explains; the Lease is always released.
 func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
-	lock, err := e.ControlPlane.Acquire(ctx, Who())
+	lock, err := e.ControlPlane.Acquire(ctx, controlplane.Who())
 	if err != nil {
 		return err
 	}
@@ -116,8 +116,27 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 		}
 	}()
 	e.Lock = lock
+	e.steps.total = p.Steps
 
-	live, err := e.ControlPlane.Read(runCtx)
+	if err := e.takeOver(runCtx, p.Request); err != nil {
+		return err
+	}
+	if err := e.Converge(runCtx, p.Target); err != nil {
+		return err
+	}
+	if err := e.handBack(runCtx); err != nil {
+		return err
+	}
+	e.summarize()
+	return nil
+}
+
+// takeOver pauses the KubeadmControlPlane with this run's record (or resumes
+// the run its record describes), sets the target on it, and prepares the
+// rollout: pieces a killed run left behind go, and the workload cluster gets
+// what kubeadm reads before machines of a new version join.
+func (e *Engine) takeOver(ctx context.Context, r Request) error {
+	live, err := e.ControlPlane.Read(ctx)
 	if err != nil {
 		return err
 	}
@@ -125,59 +144,79 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 	if err != nil {
 		return err
 	}
-	began := time.Now()
 	if rec == nil {
-		e.report("pause", "", progress.Started, "pausing KubeadmControlPlane "+live.KCP.Name, began)
-		rec := controlplane.Record{Operation: p.Request.Operation, Target: p.Request.TargetString(), Who: Who(), Started: time.Now().UTC()}
-		kcp, err := e.ControlPlane.Pause(runCtx, rec, PauseTimeout)
-		if err != nil {
-			if kcp != nil {
-				// Paused, then found it must not go on: hand back at once.
-				_ = e.ControlPlane.Resume(context.WithoutCancel(ctx), kcp)
-			}
+		if err := e.pause(ctx, live, r); err != nil {
 			return err
 		}
-		e.finish("pause", "", "KCP reports Paused", began)
 	} else {
-		e.report("resume", "", progress.Done, "continuing "+rec.String(), began)
+		e.note("resume", "continuing "+rec.String())
 	}
 
 	// The target is set on the live object, read after the pause.
-	if live, err = e.ControlPlane.Read(runCtx); err != nil {
+	if live, err = e.ControlPlane.Read(ctx); err != nil {
 		return err
 	}
-	if err := e.ControlPlane.SetTarget(runCtx, live.KCP, p.Request.Version, p.Request.Replicas); err != nil {
+	if err := e.ControlPlane.SetTarget(ctx, live.KCP, r.Version, r.Replicas); err != nil {
 		return err
 	}
-	if live, err = e.ControlPlane.Read(runCtx); err != nil {
+	if live, err = e.ControlPlane.Read(ctx); err != nil {
 		return err
 	}
 	// A resumed run skipped the pause: make sure KCP is still paused before
 	// touching what only a paused KCP leaves alone.
-	if err := e.stillOurs(&Snapshot{CP: live}); err != nil {
+	if err := e.stillOurs(NewSnapshot(live)); err != nil {
 		return err
 	}
-	e.removeOrphans(runCtx, live)
+	e.removeOrphans(ctx, live)
 	if outdated, _ := live.MachinesNeedingRollout(); outdated.Len() > 0 {
-		if err := e.Workload.PrepareRollout(runCtx, live.KCP, etcd.Managed(live.KCP)); err != nil {
-			return err
-		}
+		return e.prepareWorkload(ctx, live)
 	}
+	return nil
+}
 
-	e.Total = p.Steps
-	if err := e.Converge(runCtx, p.Target); err != nil {
+// pause pauses the KubeadmControlPlane with this run's record and waits until
+// KCP reports it paused. A pause that is then found unsafe to keep (a
+// remediation KCP started just before) is handed back at once.
+func (e *Engine) pause(ctx context.Context, live *kcpstate.ControlPlane, r Request) (err error) {
+	st := e.begin("pause", "", "pausing KubeadmControlPlane "+live.KCP.Name)
+	defer st.end(&err)
+	rec := controlplane.Record{Operation: r.Operation, Target: r.TargetString(), Who: controlplane.Who(), Started: time.Now().UTC()}
+	kcp, err := e.ControlPlane.Pause(ctx, rec, PauseTimeout, takeoverCheck)
+	if err != nil {
+		if kcp != nil {
+			_ = e.ControlPlane.Resume(context.WithoutCancel(ctx), kcp)
+		}
 		return err
 	}
+	st.done("KCP reports Paused")
+	return nil
+}
 
-	s, err := e.Read(runCtx)
+// prepareWorkload updates kubeadm's configuration and RBAC on the workload
+// cluster for the target version, as KCP does before it rolls machines.
+func (e *Engine) prepareWorkload(ctx context.Context, live *kcpstate.ControlPlane) (err error) {
+	st := e.begin("prepare-workload", "", "updating kubeadm-config and kubeadm's RBAC for "+live.KCP.Spec.Version)
+	defer st.end(&err)
+	if err := e.Workload.PrepareRollout(ctx, live.KCP, etcd.Managed(live.KCP)); err != nil {
+		return err
+	}
+	st.done("kubeadm-config and RBAC ready for " + live.KCP.Spec.Version)
+	return nil
+}
+
+// handBack removes the pause and moves the record to the last operation:
+// KCP is in charge again.
+func (e *Engine) handBack(ctx context.Context) (err error) {
+	live, err := e.ControlPlane.Read(ctx)
 	if err != nil {
 		return err
 	}
-	began = time.Now()
-	if err := e.ControlPlane.Complete(runCtx, s.CP.KCP); err != nil {
+	st := e.begin("handback", "", "unpausing KubeadmControlPlane "+live.KCP.Name)
+	defer st.end(&err)
+	if err := e.ControlPlane.Complete(ctx, live.KCP); err != nil {
 		return err
 	}
-	e.report("handback", "", progress.Done, "KubeadmControlPlane "+s.CP.KCP.Name+" unpaused; KCP is in charge again", began)
+	st.done("KubeadmControlPlane " + live.KCP.Name + " unpaused; KCP is in charge again")
 	return nil
 }
 
@@ -186,31 +225,24 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 // leftover costs resources, not safety: when it cannot be looked for or
 // deleted (RBAC may not allow listing the infrastructure kind), the run says
 // so and goes on.
-func (e *Engine) removeOrphans(ctx context.Context, cp *pkg.ControlPlane) {
-	began := time.Now()
+func (e *Engine) removeOrphans(ctx context.Context, cp *kcpstate.ControlPlane) {
 	orphans, err := e.ControlPlane.Orphans(ctx, cp)
 	if err != nil {
-		e.report("remove-orphan", "", progress.Failed, "could not look for pieces an interrupted run left behind: "+err.Error()+"; going on", began)
+		e.report("remove-orphan", "", progress.Failed, "could not look for pieces an interrupted run left behind: "+err.Error()+"; going on", time.Now())
 		return
 	}
 	for _, obj := range orphans {
-		began := time.Now()
-		what := obj.GetObjectKind().GroupVersionKind().Kind + " " + obj.GetName()
-		e.report("remove-orphan", obj.GetName(), progress.Started, what+" has no Machine: an interrupted run created it; deleting it", began)
-		if err := e.ControlPlane.DeleteOrphan(ctx, obj); err != nil {
-			e.report("remove-orphan", obj.GetName(), progress.Failed, err.Error()+"; going on", began)
-			continue
-		}
-		e.report("remove-orphan", obj.GetName(), progress.Done, what+" deleted", began)
+		_ = e.removeOrphan(ctx, obj)
 	}
 }
 
-// Who identifies this run in the Lease and the operation record.
-func Who() string {
-	name := "unknown"
-	if u, err := user.Current(); err == nil {
-		name = u.Username
+func (e *Engine) removeOrphan(ctx context.Context, obj client.Object) (err error) {
+	what := obj.GetObjectKind().GroupVersionKind().Kind + " " + obj.GetName()
+	st := e.begin("remove-orphan", obj.GetName(), what+" has no Machine: an interrupted run created it; deleting it")
+	defer st.end(&err)
+	if err := e.ControlPlane.DeleteOrphan(ctx, obj); err != nil {
+		return fmt.Errorf("%w; going on", err)
 	}
-	host, _ := os.Hostname()
-	return fmt.Sprintf("%s@%s/pid-%d", name, host, os.Getpid())
+	st.done(what + " deleted")
+	return nil
 }

@@ -1,18 +1,10 @@
-// Package rollout is the engine: guards (pure predicates over one snapshot of a
-// control plane), a planner (snapshot + target → the one next step), and a
-// blocking loop that reads a live snapshot, asks the planner, performs that one
-// step and waits for its effect, until the control plane matches the target.
-//
-// Every verb (upgrade, scale, replace, plan, status) decides through the guards
-// and the planner here, so there is one definition of "safe".
 package rollout
 
 import (
 	"time"
 
-	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
-
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
@@ -24,13 +16,31 @@ type Snapshot struct {
 	Now time.Time
 	// CP is KCP's own view: Cluster, KubeadmControlPlane, owned Machines with
 	// their InfraMachines and KubeadmConfigs, and which are up to date.
-	CP *pkg.ControlPlane
+	CP *kcpstate.ControlPlane
 	// Nodes holds the live health of each machine's node, by node name.
 	Nodes map[string]workload.Node
 	// EtcdManaged is false for external etcd: then there are no etcd steps.
 	EtcdManaged bool
 	// Members is the etcd membership with health and leader.
 	Members []etcd.Member
+}
+
+// NewSnapshot starts a snapshot from the management cluster's view, taken now;
+// Engine.Read adds the workload nodes and etcd members. A snapshot with only
+// the first part can answer the management-cluster guards.
+func NewSnapshot(cp *kcpstate.ControlPlane) *Snapshot {
+	return &Snapshot{Now: time.Now(), CP: cp, EtcdManaged: etcd.Managed(cp.KCP)}
+}
+
+// nodeNames lists the nodes of the machines that have one, oldest first.
+func (s *Snapshot) nodeNames() []string {
+	var names []string
+	for _, m := range s.CP.Machines.SortedByCreationTimestamp() {
+		if n := nodeName(m); n != "" {
+			names = append(names, n)
+		}
+	}
+	return names
 }
 
 // Target is what the control plane should become.
@@ -56,4 +66,11 @@ func nodeName(m *clusterv1.Machine) string {
 		return ""
 	}
 	return m.Status.NodeRef.Name
+}
+
+func machineName(m *clusterv1.Machine) string {
+	if m == nil {
+		return ""
+	}
+	return m.Name
 }

@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -74,7 +71,7 @@ type MemberStatus struct {
 	Errors  []string `json:"errors,omitempty"`
 }
 
-// NextStatus is the step the planner would take next towards the
+// NextStatus is the step Next would take towards the
 // KubeadmControlPlane's own spec.
 type NextStatus struct {
 	Action  string `json:"action"`
@@ -102,22 +99,21 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 		Machines: []MachineStatus{}, EtcdMembers: []MemberStatus{},
 	}
 
-	lease := &coordinationv1.Lease{}
-	err = e.ControlPlane.Kube().Get(ctx, client.ObjectKey{Namespace: cp.Cluster.Namespace, Name: controlplane.LeaseName(cp.Cluster.Name)}, lease)
+	lease, err := e.ControlPlane.Lease(ctx)
 	switch {
-	case err == nil:
+	case err != nil:
+		st.Errors = append(st.Errors, "reading the lock: "+err.Error())
+	case lease != nil:
 		st.Lock = &LockStatus{Holder: ptr.Deref(lease.Spec.HolderIdentity, ""), Live: controlplane.Live(lease, time.Now())}
 		if lease.Spec.RenewTime != nil {
 			st.Lock.RenewTime = &lease.Spec.RenewTime.Time
 		}
-	case !apierrors.IsNotFound(err):
-		st.Errors = append(st.Errors, "reading the lock: "+err.Error())
 	}
 
 	s, readErr := e.Read(ctx)
 	if readErr != nil {
 		st.Errors = append(st.Errors, readErr.Error())
-		s = &Snapshot{Now: time.Now(), CP: cp}
+		s = NewSnapshot(cp)
 	}
 	st.EtcdManaged = s.EtcdManaged
 	for _, m := range s.CP.Machines.SortedByCreationTimestamp() {
@@ -127,7 +123,9 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 			Created: m.CreationTimestamp.Time,
 		}
 		if readErr == nil && !ms.Deleting {
-			ms.Problem = Problem(s, m)
+			if err := Problem(s, m); err != nil {
+				ms.Problem = err.Error()
+			}
 		}
 		st.Machines = append(st.Machines, ms)
 	}

@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/changes"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
@@ -63,7 +64,7 @@ func (c *connection) connect(ctx context.Context, flags *genericclioptions.Confi
 				return nil, nil, err
 			}
 		}
-		if err := controlplane.CheckKCPVersion(version); err != nil {
+		if err := rollout.CheckKCPVersion(version); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -108,7 +109,7 @@ func (c *connection) connect(ctx context.Context, flags *genericclioptions.Confi
 	}
 	watchCtx, stop := context.WithCancel(ctx)
 	closers = append(closers, stop)
-	engine.Changes, err = rollout.Watch(watchCtx, cfg, c.Namespace, c.Cluster, wl.Kube)
+	engine.Changes, err = changes.Watch(watchCtx, cfg, c.Namespace, c.Cluster, wl.Kube)
 	if err != nil {
 		cleanup()
 		return nil, nil, err

@@ -114,12 +114,11 @@ func (o *rolloutOptions) plan(ctx context.Context, out io.Writer, req rollout.Re
 	}
 	defer closeEngine()
 	prepared, err := engine.Prepare(ctx, req)
-	var steps []rollout.Step
-	switch {
-	case errors.Is(err, rollout.ErrNothingToDo):
-	case err != nil:
+	if err != nil {
 		return false, err
-	default:
+	}
+	var steps []rollout.Step
+	if prepared.NothingToDo == "" {
 		steps = rollout.Plan(ctx, prepared.Snapshot, prepared.Target)
 	}
 	if err := printPlan(out, o.Output, req, steps); err != nil {

@@ -83,17 +83,13 @@ func (o *rolloutOptions) run(ctx context.Context, streams genericiooptions.IOStr
 	engine.Timeouts = o.Timeouts
 
 	prepared, err := engine.Prepare(ctx, r)
-	if errors.Is(err, rollout.ErrNothingToDo) {
-		msg := "nothing to do: the control plane already matches " + r.TargetString()
-		if err != rollout.ErrNothingToDo {
-			msg = err.Error() // it says why
-		}
-		reporter.Report(progress.Event{Time: time.Now(), Cluster: o.Cluster, Namespace: o.Namespace, Action: r.Operation,
-			Phase: progress.Done, Message: msg})
-		return nil
-	}
 	if err != nil {
 		return err
+	}
+	if prepared.NothingToDo != "" {
+		reporter.Report(progress.Event{Time: time.Now(), Cluster: o.Cluster, Namespace: o.Namespace, Action: r.Operation,
+			Phase: progress.Done, Message: prepared.NothingToDo})
+		return nil
 	}
 	err = engine.Run(ctx, prepared)
 	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {

@@ -7,13 +7,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/blang/semver/v4"
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
@@ -71,31 +69,9 @@ func LastOf(kcp *controlplanev1.KubeadmControlPlane) *Record {
 	return r
 }
 
-// CheckTakeover refuses a KubeadmControlPlane this tool must not pause: one
-// paused by someone else, one with a remediation in progress, and one whose
-// Cluster is managed by a ClusterClass topology (the topology controller would
-// rewrite the spec we set).
-func CheckTakeover(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane) error {
-	if ptr.Deref(cluster.Spec.Paused, false) {
-		return exitcode.Unsafef("cluster %s is paused (spec.paused): the Machine controller is frozen too, so no machine could join or leave; unpause it first",
-			cluster.Name)
-	}
-	if cluster.Spec.Topology.IsDefined() {
-		return exitcode.Unsafef("cluster %s is managed by ClusterClass %s: change spec.topology on the Cluster instead",
-			cluster.Name, cluster.Spec.Topology.ClassRef.Name)
-	}
-	if _, ok := kcp.Annotations[clusterv1.PausedAnnotation]; ok {
-		if _, ours := kcp.Annotations[RecordAnnotation]; !ours {
-			return exitcode.Unsafef("KubeadmControlPlane %s is paused by someone else (annotation %s without a %s record): find who paused it and why",
-				kcp.Name, clusterv1.PausedAnnotation, RecordAnnotation)
-		}
-	}
-	if _, ok := kcp.Annotations[controlplanev1.RemediationInProgressAnnotation]; ok {
-		return exitcode.Unsafef("KubeadmControlPlane %s has a remediation in progress (%s): let KCP finish it first",
-			kcp.Name, controlplanev1.RemediationInProgressAnnotation)
-	}
-	return nil
-}
+// TakeoverCheck refuses a control plane this tool must not pause; Pause asks
+// it again on every attempt, on what it has just read.
+type TakeoverCheck func(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane) error
 
 // Pause sets the pause annotation and our operation record in one patch, then
 // waits until the KCP controller reports Paused: an annotation does not stop a
@@ -104,7 +80,7 @@ func CheckTakeover(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmContro
 // The patch carries the resourceVersion the takeover was checked on, so a
 // KubeadmControlPlane that changed in between (paused by someone else, a
 // remediation started) is checked again rather than taken over blindly.
-func (c *Client) Pause(ctx context.Context, rec Record, timeout time.Duration) (*controlplanev1.KubeadmControlPlane, error) {
+func (c *Client) Pause(ctx context.Context, rec Record, timeout time.Duration, mayTakeOver TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
 	raw, err := json.Marshal(rec)
 	if err != nil {
 		return nil, err
@@ -115,7 +91,7 @@ func (c *Client) Pause(ctx context.Context, rec Record, timeout time.Duration) (
 		if err != nil {
 			return nil, err
 		}
-		if err := CheckTakeover(cluster, current); err != nil {
+		if err := mayTakeOver(cluster, current); err != nil {
 			return nil, err
 		}
 		body, err := json.Marshal(map[string]any{"metadata": map[string]any{
@@ -208,11 +184,6 @@ func (c *Client) Complete(ctx context.Context, kcp *controlplanev1.KubeadmContro
 	return c.patchAnnotations(ctx, kcp, map[string]any{clusterv1.PausedAnnotation: nil, RecordAnnotation: nil, LastOperationAnnotation: string(raw)})
 }
 
-// SupportedKCPMinor is the KCP controller minor this tool computes desired
-// state with. Another minor computes it differently, and after hand-back KCP
-// would roll every machine again.
-var SupportedKCPMinor = semver.Version{Major: 1, Minor: 14}
-
 // KCPControllerVersion finds the KubeadmControlPlane controller's Deployment,
 // as clusterctl installs it, and returns its image tag.
 func (c *Client) KCPControllerVersion(ctx context.Context) (string, error) {
@@ -232,17 +203,4 @@ func (c *Client) KCPControllerVersion(ctx context.Context) (string, error) {
 	}
 	return "", exitcode.Unsafef("no KubeadmControlPlane controller Deployment (label %s=control-plane-kubeadm) found: pass --kcp-version for a custom install",
 		clusterv1.ProviderNameLabel)
-}
-
-// CheckKCPVersion refuses a KCP controller of another minor than the supported one.
-func CheckKCPVersion(version string) error {
-	v, err := semver.ParseTolerant(version)
-	if err != nil {
-		return exitcode.Unsafef("KCP controller version %q is not a version: pass --kcp-version", version)
-	}
-	if v.Major != SupportedKCPMinor.Major || v.Minor != SupportedKCPMinor.Minor {
-		return exitcode.Unsafef("KCP controller is %s; this tool supports v%d.%d.x, whose desired state it reproduces (another minor would re-roll every machine after hand-back)",
-			version, SupportedKCPMinor.Major, SupportedKCPMinor.Minor)
-	}
-	return nil
 }

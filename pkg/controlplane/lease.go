@@ -3,6 +3,8 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/user"
 	"sync"
 	"time"
 
@@ -194,22 +196,42 @@ func (l *Lock) Release(ctx context.Context) error {
 	return err
 }
 
+// Lease returns the cluster's Lease, nil when there is none.
+func (c *Client) Lease(ctx context.Context) (*coordinationv1.Lease, error) {
+	lease := &coordinationv1.Lease{}
+	if err := c.c.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: LeaseName(c.Cluster)}, lease); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("reading Lease %s: %w", LeaseName(c.Cluster), err)
+	}
+	return lease, nil
+}
+
+// Who identifies this process as a Lease holder and in operation records:
+// user, host and process, so a colleague knows whom to ask.
+func Who() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s@%s/pid-%d", name, host, os.Getpid())
+}
+
 // BreakLock deletes the cluster's Lease when its holder is gone (the Lease
 // expired) or, with force, even while a holder renews it. It returns the
 // holder it removed, "" when there was no Lease.
 func (c *Client) BreakLock(ctx context.Context, force bool) (string, error) {
-	lease := &coordinationv1.Lease{}
-	if err := c.c.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: LeaseName(c.Cluster)}, lease); err != nil {
-		if apierrors.IsNotFound(err) {
-			return "", nil
-		}
-		return "", fmt.Errorf("reading Lease %s: %w", LeaseName(c.Cluster), err)
+	lease, err := c.Lease(ctx)
+	if err != nil || lease == nil {
+		return "", err
 	}
 	if Live(lease, time.Now()) && !force {
 		return "", exitcode.Lockedf("cluster %s/%s is locked by %s, a run that is still alive: stop it first (or pass --force if you are sure it is gone)",
 			c.Namespace, c.Cluster, Holder(lease))
 	}
-	err := c.c.Delete(ctx, lease, client.Preconditions{UID: &lease.UID, ResourceVersion: &lease.ResourceVersion})
+	err = c.c.Delete(ctx, lease, client.Preconditions{UID: &lease.UID, ResourceVersion: &lease.ResourceVersion})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return "", fmt.Errorf("deleting Lease %s: %w", LeaseName(c.Cluster), err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -54,6 +55,11 @@ func New(c client.Client, namespace, cluster string) *Client {
 
 // Kube is the underlying management-cluster client.
 func (c *Client) Kube() client.Client { return c.c }
+
+// Key names the Cluster.
+func (c *Client) Key() types.NamespacedName {
+	return types.NamespacedName{Namespace: c.Namespace, Name: c.Cluster}
+}
 
 // Read returns KCP's own view of the control plane, built with KCP's own
 // NewControlPlane so that "up to date" means exactly what KCP means by it.

@@ -12,7 +12,6 @@ import (
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/webhooks/admission"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
 
@@ -53,29 +52,6 @@ func ParseVersion(v string) (semver.Version, error) {
 		return semver.Version{}, exitcode.Usagef("version %q is not a semantic version like v1.36.3: %v", v, err)
 	}
 	return parsed, nil
-}
-
-// CheckState refuses, with exit code 3, a control plane this tool must not
-// take over: a deleting Cluster, a topology-managed one, a KCP paused by
-// someone else or with a remediation in progress, or an operation record of
-// ours for a different target.
-func CheckState(s *Snapshot, r Request) error {
-	cluster, kcp := s.CP.Cluster, s.CP.KCP
-	if !cluster.DeletionTimestamp.IsZero() {
-		return exitcode.Unsafef("cluster %s is being deleted", cluster.Name)
-	}
-	if err := controlplane.CheckTakeover(cluster, kcp); err != nil {
-		return err
-	}
-	rec, err := controlplane.RecordOf(kcp)
-	if err != nil {
-		return err
-	}
-	if rec != nil && (rec.Operation != r.Operation || rec.Target != r.TargetString()) {
-		return exitcode.Unsafef("KubeadmControlPlane %s holds an unfinished operation: %s; re-run that command to finish it, or `kubectl cp-rollout handback %s` to give control back to KCP",
-			kcp.Name, rec, cluster.Name)
-	}
-	return nil
 }
 
 // Desired returns the KubeadmControlPlane as the request would set it, and

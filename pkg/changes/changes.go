@@ -1,4 +1,8 @@
-package rollout
+// Package changes answers "has anything the rollout loop waits on changed?":
+// control-plane Machines on the management cluster, Nodes and kube-system Pods
+// on the workload cluster. The loop only learns when to read again from it;
+// every decision is made on a fresh live read, never on what the watches saw.
+package changes
 
 import (
 	"context"
@@ -16,19 +20,18 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 )
 
-// Changes is a level signal: it fires (coalesced) whenever a control-plane
-// Machine of the cluster, a workload Node or a kube-system Pod changes. The loop
-// uses it only to know when to read again — decisions are always made on a
-// fresh live read, never on what the watches saw. Informers are used for
-// their reconnects: a restarted API server is re-listed and re-watched.
-type Changes struct {
+// Signal is a level signal: it fires (coalesced) whenever a control-plane
+// Machine of the cluster, a workload Node or a kube-system Pod changes.
+// Informers are used for their reconnects: a restarted API server is
+// re-listed and re-watched.
+type Signal struct {
 	C <-chan struct{}
 }
 
 var machinesResource = schema.GroupVersionResource{Group: clusterv1.GroupVersion.Group, Version: clusterv1.GroupVersion.Version, Resource: "machines"}
 
 // Watch starts the watches; they stop with ctx.
-func Watch(ctx context.Context, mgmt *rest.Config, namespace, cluster string, workload kubernetes.Interface) (*Changes, error) {
+func Watch(ctx context.Context, mgmt *rest.Config, namespace, cluster string, workload kubernetes.Interface) (*Signal, error) {
 	c := make(chan struct{}, 1)
 	notify := func() {
 		select {
@@ -69,12 +72,12 @@ func Watch(ctx context.Context, mgmt *rest.Config, namespace, cluster string, wo
 		}
 		go inf.RunWithContext(ctx)
 	}
-	return &Changes{C: c}, nil
+	return &Signal{C: c}, nil
 }
 
 // Wait blocks until a change, ctx's end, or at most max — the bound covers
 // what no watch reports (etcd membership and health, which are polled).
-func (ch *Changes) Wait(ctx context.Context, max time.Duration) {
+func (ch *Signal) Wait(ctx context.Context, max time.Duration) {
 	t := time.NewTimer(max)
 	defer t.Stop()
 	var c <-chan struct{}

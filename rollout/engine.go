@@ -1,0 +1,162 @@
+// Package rollout is the engine: guards (pure checks over one snapshot of a
+// control plane), the one-step decision (snapshot + target → the next step),
+// the plan (that decision projected to the end), and a blocking loop that
+// reads a live snapshot, asks for the next step, performs it or waits for its
+// effect, until the control plane matches the target.
+//
+// Every verb (upgrade, scale, replace, plan, status) decides through the guards
+// and Next here, so there is one definition of "safe". The engine reaches the
+// clusters only through the interfaces below, so the loop can be driven by a
+// scripted world in tests.
+package rollout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+
+	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/workload"
+)
+
+// ControlPlane is what the engine reads and writes on the management cluster;
+// *controlplane.Client provides it.
+type ControlPlane interface {
+	// Key names the Cluster.
+	Key() types.NamespacedName
+	// Read returns KCP's own view of the control plane.
+	Read(ctx context.Context) (*kcpstate.ControlPlane, error)
+	// WithKCP is cp as KCP would see it with want as its spec.
+	WithKCP(ctx context.Context, cp *kcpstate.ControlPlane, want *controlplanev1.KubeadmControlPlane) (*kcpstate.ControlPlane, error)
+
+	// CreateReplacement creates one machine as KCP would, in failureDomain.
+	CreateReplacement(ctx context.Context, cp *kcpstate.ControlPlane, failureDomain string) (*clusterv1.Machine, error)
+	// EnsureCleanupHook puts the kcp-cleanup pre-terminate hook on a victim.
+	EnsureCleanupHook(ctx context.Context, m *clusterv1.Machine) error
+	Delete(ctx context.Context, m *clusterv1.Machine) error
+	// RemoveCleanupHook releases a deleting machine to the Machine controller.
+	RemoveCleanupHook(ctx context.Context, m *clusterv1.Machine) error
+	Orphans(ctx context.Context, cp *kcpstate.ControlPlane) ([]client.Object, error)
+	DeleteOrphan(ctx context.Context, obj client.Object) error
+
+	// The hand-over: lock, pause with a record, target, hand back.
+	Acquire(ctx context.Context, holder string) (*controlplane.Lock, error)
+	Lease(ctx context.Context) (*coordinationv1.Lease, error)
+	BreakLock(ctx context.Context, force bool) (string, error)
+	Pause(ctx context.Context, rec controlplane.Record, timeout time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error)
+	SetTarget(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32) error
+	Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
+	Complete(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
+}
+
+// Workload is what the engine reads and writes on the workload cluster;
+// *workload.Client provides it.
+type Workload interface {
+	// Nodes reads the health of the named nodes and their static pods.
+	Nodes(ctx context.Context, names []string, components []string) (map[string]workload.Node, error)
+	// PrepareRollout updates what kubeadm reads on the workload cluster before
+	// machines of a new version join, as KCP does.
+	PrepareRollout(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, etcdManaged bool) error
+}
+
+// Etcd is what the engine needs of etcd; *etcd.Client provides it.
+type Etcd interface {
+	Members(ctx context.Context, nodes []etcd.Node) ([]etcd.Member, error)
+	ForwardLeadership(ctx context.Context, nodes []etcd.Node, from, to uint64) error
+	RemoveMember(ctx context.Context, nodes []etcd.Node, id uint64) error
+}
+
+// Changes tells the loop when to read again; *changes.Signal provides it.
+type Changes interface {
+	// Wait returns at the next change, at ctx's end, or after at most max:
+	// the bound covers what no watch reports (etcd).
+	Wait(ctx context.Context, max time.Duration)
+}
+
+// Lock is the run's hold on the cluster; *controlplane.Lock provides it.
+type Lock interface {
+	// Held fails once the lock is lost or about to be.
+	Held() error
+}
+
+// Engine runs the blocking loop against one control plane.
+type Engine struct {
+	ControlPlane ControlPlane
+	Workload     Workload
+	// Etcd is nil when etcd is external.
+	Etcd Etcd
+	// Changes may be nil: the loop then reads again every etcdPoll.
+	Changes  Changes
+	Reporter progress.Reporter
+	// Lock, when set, is the run's Lease: every step first checks it is held.
+	Lock     Lock
+	Timeouts Timeouts
+
+	steps stepLog
+	// leaderRetries counts how often the member being removed won leadership
+	// back (see serveCleanupHook).
+	leaderRetries int
+}
+
+// Read takes one live snapshot: management cluster first, then the workload
+// nodes of its machines, then etcd through those nodes.
+func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
+	cp, err := e.ControlPlane.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s := NewSnapshot(cp)
+	if s.EtcdManaged && e.Etcd == nil {
+		return nil, fmt.Errorf("KubeadmControlPlane %s manages etcd but no etcd client is configured", cp.KCP.Name)
+	}
+	names := s.nodeNames()
+	if s.Nodes, err = e.Workload.Nodes(ctx, names, components(s)); err != nil {
+		return nil, err
+	}
+	if s.EtcdManaged && len(names) > 0 {
+		if s.Members, err = e.Etcd.Members(ctx, EtcdNodes(s)); err != nil {
+			err = fmt.Errorf("workload cluster %s: etcd: %w", e.ControlPlane.Key(), err)
+			// Members whose certificates the cluster's etcd CA did not sign
+			// cannot be trusted, and no retry mends that: refuse at once.
+			var untrusted *etcd.UntrustedError
+			if errors.As(err, &untrusted) {
+				return nil, exitcode.New(exitcode.Unsafe, err)
+			}
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// EtcdNodes lists the nodes etcd members can be reached on, in the order to
+// try them: newest machines first and deleting ones last, because the oldest
+// machine is usually the one leaving and its member the first to go.
+func EtcdNodes(s *Snapshot) []etcd.Node {
+	var nodes, leaving []etcd.Node
+	sorted := s.CP.Machines.SortedByCreationTimestamp()
+	for i := len(sorted) - 1; i >= 0; i-- {
+		m := sorted[i]
+		n, ok := s.Nodes[nodeName(m)]
+		if !ok || !n.Found {
+			continue
+		}
+		if m.DeletionTimestamp.IsZero() {
+			nodes = append(nodes, etcd.Node{Name: n.Name, IP: n.InternalIP})
+		} else {
+			leaving = append(leaving, etcd.Node{Name: n.Name, IP: n.InternalIP})
+		}
+	}
+	return append(nodes, leaving...)
+}

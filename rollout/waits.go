@@ -1,0 +1,169 @@
+package rollout
+
+import (
+	"context"
+	"time"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+// Timeouts bound each kind of wait.
+type Timeouts struct {
+	// Provision bounds a new machine's wait for its node.
+	Provision time.Duration
+	// Health bounds a new machine's wait, once it has a node, for its node,
+	// static pods and etcd member to be healthy; and how long the tool keeps
+	// retrying when it cannot read the clusters.
+	Health time.Duration
+	// Delete bounds a deleting machine's wait, for its pre-terminate stage and
+	// then until it is gone.
+	Delete time.Duration
+	// Settle is a pause after each new machine turns healthy, before the next
+	// step.
+	Settle time.Duration
+}
+
+// DefaultTimeouts are the flags' defaults.
+var DefaultTimeouts = Timeouts{Provision: 20 * time.Minute, Health: 10 * time.Minute, Delete: 20 * time.Minute}
+
+// unhealthyGrace is how long the loop waits for a machine that was healthy
+// and went bad to recover before it refuses to go on: long enough for a
+// failed probe or a restarting static pod, short enough not to hide a fault.
+const unhealthyGrace = time.Minute
+
+// etcdPoll is how often the clusters are read again while waiting when no
+// watch reports a change: nothing reports etcd membership or member health.
+const etcdPoll = time.Second
+
+// waitKind is what a wait is for; it decides the wait's limit and what its
+// expiry says.
+type waitKind int
+
+const (
+	// waitRead: the clusters could not be read (unreachable API server or etcd).
+	waitRead waitKind = iota
+	// waitProvision: a new machine has no node yet.
+	waitProvision
+	// waitHealth: a new machine has a node and is not healthy yet.
+	waitHealth
+	// waitDeletion: a machine is deleting.
+	waitDeletion
+	// waitRecovery: a machine that was healthy went bad.
+	waitRecovery
+)
+
+func (k waitKind) limit(t Timeouts) time.Duration {
+	switch k {
+	case waitProvision:
+		return t.Provision
+	case waitDeletion:
+		return t.Delete
+	case waitRecovery:
+		return unhealthyGrace
+	}
+	return t.Health
+}
+
+// expired is the error that ends a wait of this kind after limit, with last
+// the step it was still waiting on. A machine that does not recover is a
+// refusal (exit 3), every other wait a timeout (exit 4).
+func (k waitKind) expired(limit time.Duration, last Step, lastErr error) error {
+	m := machineName(last.Machine)
+	switch k {
+	case waitRead:
+		return exitcode.Timeoutf("could not read the control plane for %s: %v", limit, lastErr)
+	case waitRecovery:
+		return last.Err
+	case waitProvision:
+		return exitcode.Timeoutf("timed out after %s waiting for machine %s to get a node; last seen: %s", limit, m, last.Reason)
+	case waitDeletion:
+		return exitcode.Timeoutf("timed out after %s waiting for machine %s to be deleted; last seen: %s", limit, m, last.Reason)
+	}
+	return exitcode.Timeoutf("timed out after %s waiting for machine %s to be healthy; last seen: %s", limit, m, last.Reason)
+}
+
+// joinWait tells the two stages of a join apart: a new machine first waits
+// for its node (provisioning), then for its health.
+func joinWait(next Step) waitKind {
+	if nodeName(next.Machine) == "" {
+		return waitProvision
+	}
+	return waitHealth
+}
+
+// wait tracks one wait: its limit runs from when its kind first appeared and
+// restarts when the kind changes; a new reason within it is news to report.
+type wait struct {
+	kind   waitKind
+	reason string
+	since  time.Time
+}
+
+// observe records what is awaited now and reports whether it is news.
+func (w *wait) observe(kind waitKind, reason string) bool {
+	if w.since.IsZero() || w.kind != kind {
+		*w = wait{kind: kind, reason: reason, since: time.Now()}
+		return true
+	}
+	if w.reason != reason {
+		w.reason = reason
+		return true
+	}
+	return false
+}
+
+// expired returns the wait's expiry error once its limit has passed.
+func (w *wait) expired(t Timeouts, last Step, lastErr error) error {
+	if limit := w.kind.limit(t); time.Since(w.since) > limit {
+		return w.kind.expired(limit, last, lastErr)
+	}
+	return nil
+}
+
+// await holds step open while Next keeps answering the step it started on
+// (same action, same machine): it reports each new reason, re-reads on every
+// change (or every etcdPoll), and ends when Next answers something else — the
+// caller's loop then decides again — or when the wait's limit is spent.
+func (e *Engine) await(ctx context.Context, t Target, st *step, first Step, kind func(Step) waitKind) error {
+	var w wait
+	next := first
+	for {
+		if w.observe(kind(next), next.Reason) {
+			st.waiting(next.Reason)
+		}
+		if err := w.expired(e.Timeouts, next, next.Err); err != nil {
+			return err
+		}
+		e.waitForChange(ctx)
+		s, err := e.read(ctx)
+		if err != nil {
+			return err
+		}
+		next = Next(ctx, s, t)
+		if next.Action != first.Action || machineName(next.Machine) != machineName(first.Machine) ||
+			next.Transient != first.Transient {
+			return nil
+		}
+	}
+}
+
+// waitForChange returns at the next change the watches report, or after
+// etcdPoll.
+func (e *Engine) waitForChange(ctx context.Context) {
+	if e.Changes == nil {
+		_ = sleep(ctx, etcdPoll)
+		return
+	}
+	e.Changes.Wait(ctx, etcdPoll)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
