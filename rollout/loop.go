@@ -97,14 +97,14 @@ func (e *Engine) stillOurs(s *Snapshot) error {
 
 // refuse stops the run on a state no step may be taken in. A machine that was
 // healthy and went bad may recover by itself (a failed probe, a restarting
-// static pod): that is waited on for unhealthyGrace first.
+// static pod): that is waited on for the Recovery timeout first.
 func (e *Engine) refuse(ctx context.Context, t Target, next Step) (err error) {
 	if !next.Transient {
 		st := e.begin("refuse", machineName(next.Machine), next.Reason)
 		defer st.end(&err)
 		return next.Err
 	}
-	st := e.begin("unhealthy", next.Machine.Name, fmt.Sprintf("%s; waiting up to %s for it to recover", next.Reason, unhealthyGrace))
+	st := e.begin("unhealthy", next.Machine.Name, fmt.Sprintf("%s; waiting up to %s for it to recover", next.Reason, e.Timeouts.recovery()))
 	defer st.end(&err)
 	if err := e.await(ctx, t, st, next, func(Step) waitKind { return waitRecovery }); err != nil {
 		return err
@@ -130,7 +130,17 @@ func (e *Engine) createReplacement(ctx context.Context, s *Snapshot, next Step) 
 
 // awaitJoin waits until a new machine has its node and is healthy — node,
 // static pods, a named and promoted etcd member — then settles if asked to.
-func (e *Engine) awaitJoin(ctx context.Context, t Target, next Step) (err error) {
+func (e *Engine) awaitJoin(ctx context.Context, t Target, next Step) error {
+	if err := e.awaitHealthy(ctx, t, next); err != nil {
+		return err
+	}
+	if e.Timeouts.Settle <= 0 {
+		return nil
+	}
+	return e.settle(ctx)
+}
+
+func (e *Engine) awaitHealthy(ctx context.Context, t Target, next Step) (err error) {
 	m := next.Machine
 	st := e.begin(AwaitJoin, m.Name, "waiting for machine "+m.Name+" to join and be healthy")
 	defer st.end(&err)
@@ -138,10 +148,7 @@ func (e *Engine) awaitJoin(ctx context.Context, t Target, next Step) (err error)
 		return err
 	}
 	st.done("healthy")
-	if e.Timeouts.Settle <= 0 {
-		return nil
-	}
-	return e.settle(ctx)
+	return nil
 }
 
 // settle pauses after a machine joined, before the next step.
@@ -155,11 +162,9 @@ func (e *Engine) settle(ctx context.Context) (err error) {
 // Machine controller stops before the infrastructure goes and its member is
 // removed while the machine still runs; etcd leadership leaves its member
 // before the deletion starts.
-func (e *Engine) deleteVictim(ctx context.Context, s *Snapshot, next Step) (err error) {
+func (e *Engine) deleteVictim(ctx context.Context, s *Snapshot, next Step) error {
 	m := next.Machine
 	e.countMachineStep(true)
-	st := e.begin(Delete, m.Name, next.Reason)
-	defer st.end(&err)
 	if err := e.ControlPlane.EnsureCleanupHook(ctx, m); err != nil {
 		return err
 	}
@@ -168,6 +173,12 @@ func (e *Engine) deleteVictim(ctx context.Context, s *Snapshot, next Step) (err 
 			return err
 		}
 	}
+	return e.delete(ctx, m, next.Reason)
+}
+
+func (e *Engine) delete(ctx context.Context, m *clusterv1.Machine, why string) (err error) {
+	st := e.begin(Delete, m.Name, why)
+	defer st.end(&err)
 	if err := e.ControlPlane.Delete(ctx, m); err != nil {
 		return fmt.Errorf("deleting machine %s: %w", m.Name, err)
 	}

@@ -21,15 +21,24 @@ type Timeouts struct {
 	// Settle is a pause after each new machine turns healthy, before the next
 	// step.
 	Settle time.Duration
+	// Recovery is how long the loop waits for a machine that was healthy and
+	// went bad to recover before it refuses to go on; 0 means unhealthyGrace.
+	Recovery time.Duration
 }
 
 // DefaultTimeouts are the flags' defaults.
 var DefaultTimeouts = Timeouts{Provision: 20 * time.Minute, Health: 10 * time.Minute, Delete: 20 * time.Minute}
 
-// unhealthyGrace is how long the loop waits for a machine that was healthy
-// and went bad to recover before it refuses to go on: long enough for a
-// failed probe or a restarting static pod, short enough not to hide a fault.
+// unhealthyGrace is the default Recovery: long enough for a failed probe or a
+// restarting static pod, short enough not to hide a fault.
 const unhealthyGrace = time.Minute
+
+func (t Timeouts) recovery() time.Duration {
+	if t.Recovery > 0 {
+		return t.Recovery
+	}
+	return unhealthyGrace
+}
 
 // etcdPoll is how often the clusters are read again while waiting when no
 // watch reports a change: nothing reports etcd membership or member health.
@@ -59,7 +68,7 @@ func (k waitKind) limit(t Timeouts) time.Duration {
 	case waitDeletion:
 		return t.Delete
 	case waitRecovery:
-		return unhealthyGrace
+		return t.recovery()
 	}
 	return t.Health
 }

@@ -182,9 +182,38 @@ func newSpinnerReporter(w io.Writer) *spinnerReporter {
 		e := r.current
 		e.ElapsedMs = time.Since(r.started).Milliseconds()
 		e.Phase = Waiting
-		s.Suffix = " " + Text(e)
+		s.Suffix = fit(" "+Text(e), width(w)-2) // the spinner's own character takes the rest
 	}
 	return r
+}
+
+// width is the terminal's width in columns, 0 when unknown.
+func width(w io.Writer) int {
+	f, ok := w.(*os.File)
+	if !ok {
+		return 0
+	}
+	cols, _, err := term.GetSize(int(f.Fd()))
+	if err != nil {
+		return 0
+	}
+	return cols
+}
+
+// fit cuts line to at most cols runes, so the spinner's line never wraps: a
+// wrapped line cannot be redrawn in place. cols <= 0 leaves it whole.
+func fit(line string, cols int) string {
+	if cols <= 0 {
+		return line
+	}
+	runes := []rune(line)
+	if len(runes) <= cols {
+		return line
+	}
+	if cols == 1 {
+		return "…"
+	}
+	return string(runes[:cols-1]) + "…"
 }
 
 func (r *spinnerReporter) Report(e Event) {

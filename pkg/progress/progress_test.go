@@ -48,3 +48,22 @@ func TestLinesAreTimestampedOnStderr(t *testing.T) {
 		t.Fatalf("line %q, want %q", got, want)
 	}
 }
+
+func TestSpinnerLineFitsTheTerminal(t *testing.T) {
+	line := " [1/3] machine-with-a-long-name await-deletion waiting: the Machine controller reports DrainingNode: evicting pods"
+	for _, cols := range []int{10, 40, 80} {
+		got := fit(line, cols)
+		if n := len([]rune(got)); n > cols {
+			t.Fatalf("fit to %d columns gave %d: %q", cols, n, got)
+		}
+		if !strings.HasSuffix(got, "…") {
+			t.Fatalf("a cut line must say it was cut: %q", got)
+		}
+	}
+	if got := fit(line, 0); got != line {
+		t.Fatalf("unknown width cut the line: %q", got)
+	}
+	if got := fit("short", 80); got != "short" {
+		t.Fatalf("a line that fits was changed: %q", got)
+	}
+}

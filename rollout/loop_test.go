@@ -1,0 +1,624 @@
+package rollout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+
+	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/workload"
+)
+
+// scripted is a control plane that the loop drives in memory. It answers reads
+// from a world() snapshot, applies the engine's writes to it and records them,
+// and each time the loop waits it moves the world on as the Machine controller,
+// a provider and kubeadm would: a new machine gets a node with an unstarted
+// member, the member starts as a learner, then it is promoted; a deleting
+// machine reaches its pre-terminate stage and, once released, is gone.
+//
+// The embedded interfaces stay nil: a method the loop must not call panics.
+type scripted struct {
+	ControlPlane
+	Workload
+	Etcd
+
+	mu    sync.Mutex
+	world *Snapshot
+	calls []string
+
+	// stuck names a machine and the stage it never leaves: "provision",
+	// "health" or "delete".
+	stuck map[string]string
+	// readErrs reads fail before one succeeds; -1 fails them all.
+	readErrs int
+	// moveFails ForwardLeadership calls fail.
+	moveFails int
+	// leadsAgain RemoveMember calls find the member elected leader again.
+	leadsAgain int
+	// onWait, when set, changes the world at each wait (n counts them from 1).
+	onWait func(w *Snapshot, n int)
+	waits  int
+	added  int
+
+	// What an invariant monitor would see, sampled after every change.
+	maxMachines, minHealthyVoters int
+}
+
+func newScripted(w *Snapshot) *scripted {
+	f := &scripted{world: w, stuck: map[string]string{}, minHealthyVoters: 1 << 30}
+	f.sample()
+	return f
+}
+
+func (f *scripted) record(format string, args ...any) {
+	f.calls = append(f.calls, fmt.Sprintf(format, args...))
+}
+
+func (f *scripted) sample() {
+	f.maxMachines = max(f.maxMachines, f.world.CP.Machines.Len())
+	healthy := 0
+	for _, m := range f.world.Members {
+		if m.HealthyVoter() {
+			healthy++
+		}
+	}
+	f.minHealthyVoters = min(f.minHealthyVoters, healthy)
+}
+
+func (f *scripted) machine(name string) *clusterv1.Machine {
+	m, ok := f.world.CP.Machines[name]
+	if !ok {
+		panic(fmt.Sprintf("no machine %s in %v after %v", name, f.world.CP.Machines.Names(), f.calls))
+	}
+	return m.DeepCopy() // snapshots already handed out keep what they saw
+}
+
+func (f *scripted) Key() types.NamespacedName { return types.NamespacedName{Namespace: "default", Name: "demo"} }
+
+func (f *scripted) Read(context.Context) (*kcpstate.ControlPlane, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.readErrs != 0 {
+		f.readErrs--
+		return nil, errors.New("dial tcp 127.0.0.1:6443: connect: connection refused")
+	}
+	return f.world.clone().CP, nil
+}
+
+func (f *scripted) Nodes(_ context.Context, names, _ []string) (map[string]workload.Node, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	nodes := map[string]workload.Node{}
+	for _, n := range names {
+		nodes[n] = f.world.Nodes[n]
+	}
+	return nodes, nil
+}
+
+func (f *scripted) Members(context.Context, []etcd.Node) ([]etcd.Member, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]etcd.Member{}, f.world.Members...), nil
+}
+
+func (f *scripted) CreateReplacement(_ context.Context, cp *kcpstate.ControlPlane, failureDomain string) (*clusterv1.Machine, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.added++
+	name := fmt.Sprintf("r%d", f.added)
+	f.record("create %s", name)
+	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default",
+		CreationTimestamp: metav1.NewTime(f.world.CP.Machines.Newest().CreationTimestamp.Add(time.Minute)),
+		Annotations:       map[string]string{controlplanev1.PreTerminateHookCleanupAnnotation: ""}}}
+	m.Spec.Version, m.Spec.FailureDomain = cp.KCP.Spec.Version, failureDomain
+	f.world.CP.Machines.Insert(m)
+	f.world.CP.InfraResources[name] = &unstructured.Unstructured{}
+	f.world.CP.KubeadmConfigs[name] = &bootstrapv1.KubeadmConfig{}
+	f.sample()
+	return m, nil
+}
+
+func (f *scripted) EnsureCleanupHook(_ context.Context, m *clusterv1.Machine) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("hook %s", m.Name)
+	live := f.machine(m.Name)
+	live.Annotations[controlplanev1.PreTerminateHookCleanupAnnotation] = ""
+	f.world.CP.Machines.Insert(live)
+	return nil
+}
+
+func (f *scripted) Delete(_ context.Context, m *clusterv1.Machine) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("delete %s", m.Name)
+	live := f.machine(m.Name)
+	live.DeletionTimestamp = ptr.To(metav1.Now())
+	live.Status.Conditions = []metav1.Condition{{Type: clusterv1.MachineDeletingCondition, Status: metav1.ConditionTrue, Reason: "DrainingNode"}}
+	f.world.CP.Machines.Insert(live)
+	return nil
+}
+
+func (f *scripted) RemoveCleanupHook(_ context.Context, m *clusterv1.Machine) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("release %s", m.Name)
+	live := f.machine(m.Name)
+	delete(live.Annotations, controlplanev1.PreTerminateHookCleanupAnnotation)
+	f.world.CP.Machines.Insert(live)
+	return nil
+}
+
+func (f *scripted) memberIndex(id uint64) int {
+	for i, m := range f.world.Members {
+		if m.ID == id {
+			return i
+		}
+	}
+	return -1
+}
+
+func (f *scripted) ForwardLeadership(_ context.Context, _ []etcd.Node, from, to uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("move-leader %s->%s", f.world.Members[f.memberIndex(from)].Name, f.world.Members[f.memberIndex(to)].Name)
+	if f.moveFails > 0 {
+		f.moveFails--
+		return errors.New("etcdserver: request timed out")
+	}
+	for i := range f.world.Members {
+		f.world.Members[i].Leader = f.world.Members[i].ID == to
+	}
+	return nil
+}
+
+func (f *scripted) RemoveMember(_ context.Context, _ []etcd.Node, id uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := f.memberIndex(id)
+	if f.leadsAgain > 0 {
+		f.leadsAgain--
+		for j := range f.world.Members {
+			f.world.Members[j].Leader = j == i
+		}
+		return etcd.ErrIsLeader
+	}
+	f.record("remove-member %s", f.world.Members[i].Name)
+	f.world.Members = append(f.world.Members[:i], f.world.Members[i+1:]...)
+	f.sample()
+	return nil
+}
+
+// Wait moves the world on by one stage; it sleeps a moment so that waits
+// with millisecond limits expire without spinning.
+func (f *scripted) Wait(ctx context.Context, _ time.Duration) {
+	f.mu.Lock()
+	f.waits++
+	f.advance()
+	if f.onWait != nil {
+		f.onWait(f.world, f.waits)
+	}
+	f.sample()
+	f.mu.Unlock()
+	_ = sleep(ctx, time.Millisecond)
+}
+
+func (f *scripted) advance() {
+	for _, m := range f.world.CP.Machines.SortedByCreationTimestamp() {
+		switch {
+		case !m.DeletionTimestamp.IsZero():
+			f.advanceDeletion(m)
+		case nodeName(m) == "":
+			if f.stuck[m.Name] == "provision" {
+				continue
+			}
+			live := f.machine(m.Name)
+			live.Status.NodeRef = clusterv1.MachineNodeReference{Name: "node-" + m.Name}
+			f.world.CP.Machines.Insert(live)
+			pods := map[string]bool{}
+			for _, c := range components(f.world) {
+				pods[c] = true
+			}
+			f.world.Nodes[live.Status.NodeRef.Name] = workload.Node{Name: live.Status.NodeRef.Name, Found: true, Ready: true, Pods: pods}
+			f.world.Members = append(f.world.Members, etcd.Member{ID: uint64(100 + f.added), Learner: true, Healthy: true})
+		default:
+			f.advanceJoin(m)
+		}
+	}
+}
+
+// advanceJoin starts, then promotes, the member of a machine with a node.
+func (f *scripted) advanceJoin(m *clusterv1.Machine) {
+	for i, member := range f.world.Members {
+		switch {
+		case !member.Started() && f.stuck[m.Name] != "health":
+			if _, named := MemberOf(f.world, m); !named {
+				f.world.Members[i].Name = nodeName(m)
+			}
+		case member.Name == nodeName(m) && member.Learner && f.stuck[m.Name] != "health":
+			f.world.Members[i].Learner = false
+		}
+	}
+}
+
+// advanceDeletion brings a deleting machine to its pre-terminate stage and,
+// once its hook is gone, away with its node.
+func (f *scripted) advanceDeletion(m *clusterv1.Machine) {
+	if f.stuck[m.Name] == "delete" {
+		return
+	}
+	if !HasCleanupHook(m) {
+		delete(f.world.Nodes, nodeName(m))
+		delete(f.world.CP.Machines, m.Name)
+		delete(f.world.CP.MachinesNotUpToDate, m.Name)
+		return
+	}
+	live := f.machine(m.Name)
+	live.Status.Conditions = []metav1.Condition{{Type: clusterv1.MachineDeletingCondition, Status: metav1.ConditionTrue,
+		Reason: clusterv1.MachineDeletingWaitingForPreTerminateHookReason}}
+	f.world.CP.Machines.Insert(live)
+}
+
+// events records what the engine reports.
+type events struct {
+	mu  sync.Mutex
+	all []progress.Event
+}
+
+func (r *events) Report(e progress.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.all = append(r.all, e)
+}
+func (r *events) Summary(progress.Event, []progress.StepTime) {}
+func (r *events) Stop()                                       {}
+
+// paired checks that every done or failed event closes the step that started
+// last, under the same action: steps never overlap.
+func (r *events) paired(t *testing.T) {
+	t.Helper()
+	open := ""
+	for _, e := range r.all {
+		switch e.Phase {
+		case progress.Started:
+			if open != "" {
+				t.Fatalf("%s started while %s is open", e.Action, open)
+			}
+			open = e.Action
+		case progress.Done, progress.Failed:
+			if e.Action != open {
+				t.Fatalf("%s %s closes no started step (open: %q)", e.Action, e.Phase, open)
+			}
+			open = ""
+		}
+	}
+	if open != "" {
+		t.Fatalf("step %s never ended", open)
+	}
+}
+
+func (r *events) find(action string, phase progress.Phase, says string) bool {
+	for _, e := range r.all {
+		if e.Action == action && e.Phase == phase && strings.Contains(e.Message, says) {
+			return true
+		}
+	}
+	return false
+}
+
+type heldLock struct{ err error }
+
+func (l *heldLock) Held() error { return l.err }
+
+// fast are limits for tests: long enough never to expire unless a test
+// makes a machine stuck and shortens the one it tests.
+var fast = Timeouts{Provision: time.Minute, Health: time.Minute, Delete: time.Minute, Recovery: time.Minute}
+
+func engineFor(f *scripted, timeouts Timeouts) (*Engine, *events) {
+	ev := &events{}
+	return &Engine{ControlPlane: f, Workload: f, Etcd: f, Changes: f, Reporter: ev, Timeouts: timeouts}, ev
+}
+
+// pausedByUs marks the world's KCP as this tool's, as Run leaves it.
+func pausedByUs(s *Snapshot) *Snapshot {
+	s.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true", controlplane.RecordAnnotation: `{"operation":"upgrade"}`}
+	return s
+}
+
+func converge(t *testing.T, e *Engine, target Target) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return e.Converge(ctx, target)
+}
+
+var surge1 = Target{Operation: "upgrade", Replicas: 3, MaxSurge: 1}
+
+func TestConvergeReplacesOneMachineAtATime(t *testing.T) {
+	old := machineSpec{outdated: true}
+	f := newScripted(world(machineSpec{outdated: true, leader: true}, old, old))
+	e, ev := engineFor(f, fast)
+	if err := converge(t, e, surge1); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"create r1", "hook m0", "move-leader n0->node-r1", "delete m0", "remove-member n0", "release m0",
+		"create r2", "hook m1", "delete m1", "remove-member n1", "release m1",
+		"create r3", "hook m2", "delete m2", "remove-member n2", "release m2",
+	}
+	if got := strings.Join(f.calls, ", "); got != strings.Join(want, ", ") {
+		t.Fatalf("calls:\n got %s\nwant %s", got, strings.Join(want, ", "))
+	}
+	if f.maxMachines != 4 || f.minHealthyVoters < 3 {
+		t.Fatalf("at most %d machines and at least %d healthy voters; want 4 and 3", f.maxMachines, f.minHealthyVoters)
+	}
+	ev.paired(t)
+	if e.steps.machine != 3 {
+		t.Fatalf("%d machine steps counted, want 3", e.steps.machine)
+	}
+	var sum time.Duration
+	for _, st := range e.steps.times {
+		sum += st.Duration
+	}
+	if wall := e.steps.last.Sub(e.steps.began); sum != wall {
+		t.Fatalf("summary adds up to %s, the steps took %s", sum, wall)
+	}
+}
+
+func TestConvergeDeleteFirst(t *testing.T) {
+	old := machineSpec{outdated: true}
+	f := newScripted(world(machineSpec{outdated: true, leader: true}, old, old))
+	e, ev := engineFor(f, fast)
+	if err := converge(t, e, Target{Operation: "upgrade", Replicas: 3, MaxSurge: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if f.calls[0] != "hook m0" || f.maxMachines != 3 || f.minHealthyVoters < 2 {
+		t.Fatalf("first call %q, at most %d machines, at least %d healthy voters; want hook m0, 3, 2", f.calls[0], f.maxMachines, f.minHealthyVoters)
+	}
+	if e.steps.machine != 3 {
+		t.Fatalf("%d machine steps counted, want 3 (a replacement is a deletion and a creation)", e.steps.machine)
+	}
+	ev.paired(t)
+}
+
+func TestConvergeWaitLimits(t *testing.T) {
+	short := 30 * time.Millisecond
+	old, cur := machineSpec{outdated: true}, machineSpec{}
+	cases := []struct {
+		name    string
+		world   *Snapshot
+		script  func(*scripted)
+		limits  func(*Timeouts)
+		code    int
+		says    string
+		waiting string // the action whose waiting event must have been reported
+	}{
+		{name: "a replacement that never gets a node", world: world(old, old, old),
+			script: func(f *scripted) { f.stuck["r1"] = "provision" }, limits: func(t *Timeouts) { t.Provision = short },
+			code: exitcode.Timeout, says: "machine r1 to get a node", waiting: "await-join"},
+		{name: "a replacement whose member is never promoted", world: world(old, old, old),
+			script: func(f *scripted) { f.stuck["r1"] = "health" }, limits: func(t *Timeouts) { t.Health = short },
+			code: exitcode.Timeout, says: "machine r1 to be healthy", waiting: "await-join"},
+		{name: "a machine that never finishes deleting", world: world(cur, cur, cur, machineSpec{outdated: true, deleting: true}),
+			script: func(f *scripted) { f.stuck["m3"] = "delete" }, limits: func(t *Timeouts) { t.Delete = short },
+			code: exitcode.Timeout, says: "machine m3 to be deleted", waiting: "await-deletion"},
+		{name: "clusters that cannot be read", world: world(old, old, old),
+			script: func(f *scripted) { f.readErrs = -1 }, limits: func(t *Timeouts) { t.Health = short },
+			code: exitcode.Timeout, says: "could not read the control plane", waiting: "read"},
+		{name: "a healthy machine that went bad and stays bad", world: world(cur, machineSpec{unhealthy: true}, cur),
+			limits: func(t *Timeouts) { t.Recovery = short },
+			code: exitcode.Unsafe, says: "etcd member n1", waiting: "unhealthy"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newScripted(tc.world)
+			if tc.script != nil {
+				tc.script(f)
+			}
+			limits := fast
+			tc.limits(&limits)
+			e, ev := engineFor(f, limits)
+			err := converge(t, e, surge1)
+			if exitcode.Of(err) != tc.code || !strings.Contains(fmt.Sprint(err), tc.says) {
+				t.Fatalf("got exit %d %v; want exit %d saying %q", exitcode.Of(err), err, tc.code, tc.says)
+			}
+			if !ev.find(tc.waiting, progress.Waiting, "") {
+				t.Fatalf("no %s waiting event before the limit", tc.waiting)
+			}
+			ev.paired(t)
+		})
+	}
+}
+
+func TestConvergeRecovers(t *testing.T) {
+	t.Run("from clusters that could not be read for a while", func(t *testing.T) {
+		f := newScripted(world(machineSpec{outdated: true}, machineSpec{outdated: true}, machineSpec{outdated: true}))
+		f.readErrs = 3
+		e, ev := engineFor(f, fast)
+		if err := converge(t, e, surge1); err != nil {
+			t.Fatal(err)
+		}
+		if !ev.find("read", progress.Waiting, "connection refused") {
+			t.Fatal("the failed reads were not reported")
+		}
+	})
+	t.Run("from a machine that went bad within the grace", func(t *testing.T) {
+		f := newScripted(world(machineSpec{}, machineSpec{unhealthy: true}, machineSpec{}))
+		f.onWait = func(w *Snapshot, n int) {
+			if n == 3 {
+				w.Members[1].Healthy = true
+			}
+		}
+		e, ev := engineFor(f, fast)
+		if err := converge(t, e, surge1); err != nil {
+			t.Fatal(err)
+		}
+		if !ev.find("unhealthy", progress.Done, "recovered") {
+			t.Fatal("no event says the machine recovered")
+		}
+		ev.paired(t)
+	})
+}
+
+func TestConvergeLeadership(t *testing.T) {
+	old := machineSpec{outdated: true}
+	t.Run("falls back to the next candidate", func(t *testing.T) {
+		f := newScripted(world(machineSpec{outdated: true, leader: true}, old, old))
+		f.moveFails = 1
+		e, ev := engineFor(f, fast)
+		if err := converge(t, e, surge1); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(f.calls[2:4], ", "); got != "move-leader n0->node-r1, move-leader n0->n2" {
+			t.Fatalf("moves %s; want the replacement first, then the newest other voter", got)
+		}
+		if !ev.find("move-leader", progress.Failed, "trying the next candidate") {
+			t.Fatal("no event tells of the failed first candidate")
+		}
+		ev.paired(t)
+	})
+	t.Run("moves it again when the member wins it back", func(t *testing.T) {
+		f := newScripted(world(machineSpec{outdated: true, leader: true}, old, old))
+		f.leadsAgain = 1
+		e, _ := engineFor(f, fast)
+		if err := converge(t, e, surge1); err != nil {
+			t.Fatal(err)
+		}
+		moves := 0
+		for _, c := range f.calls {
+			if strings.HasPrefix(c, "move-leader n0->") {
+				moves++
+			}
+		}
+		if moves != 2 {
+			t.Fatalf("leadership moved off n0 %d times, want 2: %v", moves, f.calls)
+		}
+	})
+	t.Run("gives up on a member that keeps winning it back", func(t *testing.T) {
+		f := newScripted(world(machineSpec{outdated: true, leader: true}, old, old))
+		f.leadsAgain = maxLeaderRetries + 1
+		e, _ := engineFor(f, fast)
+		if err := converge(t, e, surge1); err == nil || !strings.Contains(err.Error(), "removing etcd member n0") {
+			t.Fatalf("got %v, want the removal of n0 to fail", err)
+		}
+	})
+}
+
+func TestConvergeStopsWhenNoLongerOurs(t *testing.T) {
+	old := machineSpec{outdated: true}
+	t.Run("unpaused during the run", func(t *testing.T) {
+		f := newScripted(pausedByUs(world(old, old, old)))
+		f.onWait = func(w *Snapshot, _ int) {
+			kcp := w.CP.KCP.DeepCopy()
+			delete(kcp.Annotations, clusterv1.PausedAnnotation)
+			w.CP.KCP = kcp
+		}
+		e, _ := engineFor(f, fast)
+		e.Lock = &heldLock{}
+		err := converge(t, e, surge1)
+		if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "unpaused") {
+			t.Fatalf("got %v, want a refusal saying the KCP was unpaused", err)
+		}
+		if len(f.calls) != 1 {
+			t.Fatalf("acted after the pause went: %v", f.calls)
+		}
+	})
+	t.Run("paused by someone else", func(t *testing.T) {
+		f := newScripted(pausedByUs(world(old, old, old)))
+		delete(f.world.CP.KCP.Annotations, controlplane.RecordAnnotation)
+		e, _ := engineFor(f, fast)
+		e.Lock = &heldLock{}
+		if err := converge(t, e, surge1); exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "paused by someone else") {
+			t.Fatalf("got %v, want a refusal naming the foreign pause", err)
+		}
+		if len(f.calls) != 0 {
+			t.Fatalf("acted on a KCP paused by someone else: %v", f.calls)
+		}
+	})
+	t.Run("lock lost", func(t *testing.T) {
+		f := newScripted(pausedByUs(world(old, old, old)))
+		lost := exitcode.Lockedf("lost the lock")
+		e, _ := engineFor(f, fast)
+		e.Lock = &heldLock{err: lost}
+		if err := converge(t, e, surge1); !errors.Is(err, lost) {
+			t.Fatalf("got %v, want the lost lock", err)
+		}
+	})
+}
+
+func TestConvergeSettlesAfterEachJoin(t *testing.T) {
+	old := machineSpec{outdated: true}
+	f := newScripted(world(old, old, old))
+	limits := fast
+	limits.Settle = 5 * time.Millisecond
+	e, ev := engineFor(f, limits)
+	if err := converge(t, e, surge1); err != nil {
+		t.Fatal(err)
+	}
+	settled := 0
+	for _, e := range ev.all {
+		if e.Action == "settle" && e.Phase == progress.Done {
+			settled++
+		}
+	}
+	if settled != 3 {
+		t.Fatalf("settled %d times, want after each of 3 joins", settled)
+	}
+	ev.paired(t)
+}
+
+func TestServeCleanupHook(t *testing.T) {
+	atHook := machineSpec{outdated: true, deleting: true, preTermOK: true}
+	t.Run("the last machine is only released", func(t *testing.T) {
+		f := newScripted(world(atHook))
+		e, _ := engineFor(f, fast)
+		s := f.world.clone()
+		if err := e.serveCleanupHook(context.Background(), s, s.CP.Machines.Oldest()); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(f.calls, ", "); got != "release m0" {
+			t.Fatalf("calls %s, want only the release", got)
+		}
+	})
+	t.Run("an unhealthy remainder keeps the hook", func(t *testing.T) {
+		f := newScripted(world(atHook, machineSpec{}, machineSpec{unhealthy: true}))
+		e, _ := engineFor(f, fast)
+		s := f.world.clone()
+		err := e.serveCleanupHook(context.Background(), s, s.CP.Machines.Oldest())
+		if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "not releasing machine m0") || !strings.Contains(err.Error(), "n2") {
+			t.Fatalf("got %v, want a refusal naming m0 and n2", err)
+		}
+		if len(f.calls) != 0 {
+			t.Fatalf("acted: %v", f.calls)
+		}
+	})
+	t.Run("a leading member is moved off, removed, then released", func(t *testing.T) {
+		f := newScripted(world(machineSpec{outdated: true, deleting: true, preTermOK: true, leader: true}, machineSpec{}, machineSpec{}))
+		e, ev := engineFor(f, fast)
+		s := f.world.clone()
+		if err := e.serveCleanupHook(context.Background(), s, s.CP.Machines.Oldest()); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(f.calls, ", "); got != "move-leader n0->n2, remove-member n0, release m0" {
+			t.Fatalf("calls %s", got)
+		}
+		ev.paired(t)
+	})
+}
