@@ -1,0 +1,122 @@
+package rollout
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+// The refusals a request meets before anything changes: each names its
+// cause and carries its exit code, decided from one snapshot.
+
+func TestCheckStateRefuses(t *testing.T) {
+	upgrade := Request{Operation: "upgrade", Version: "v1.36.3"}
+	cases := []struct {
+		name   string
+		change func(s *Snapshot)
+		says   string
+	}{
+		{"a deleting Cluster", func(s *Snapshot) { s.CP.Cluster.DeletionTimestamp = ptr.To(metav1.Now()) }, "cluster demo is being deleted"},
+		{"a paused Cluster", func(s *Snapshot) { s.CP.Cluster.Spec.Paused = ptr.To(true) }, "cluster demo is paused"},
+		{"a topology-managed Cluster", func(s *Snapshot) {
+			s.CP.Cluster.Spec.Topology = clusterv1.Topology{ClassRef: clusterv1.ClusterClassRef{Name: "some-class"}, Version: "v1.35.2"}
+		}, "managed by ClusterClass some-class"},
+		{"a KCP paused by someone else", func(s *Snapshot) {
+			s.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
+		}, "paused by someone else"},
+		{"a remediation in progress", func(s *Snapshot) {
+			s.CP.KCP.Annotations = map[string]string{controlplanev1.RemediationInProgressAnnotation: "{}"}
+		}, "remediation in progress"},
+		{"an unfinished operation for another target", func(s *Snapshot) {
+			s.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true",
+				controlplane.RecordAnnotation: `{"operation":"scale","target":"replicas=5","who":"someone"}`}
+		}, "holds an unfinished operation"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := world(machineSpec{}, machineSpec{}, machineSpec{})
+			tc.change(s)
+			err := CheckState(s, upgrade)
+			if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("got exit %d %v; want exit 3 saying %q", exitcode.Of(err), err, tc.says)
+			}
+		})
+	}
+	t.Run("our own unfinished operation resumes", func(t *testing.T) {
+		s := pausedByUs(world(machineSpec{}, machineSpec{}, machineSpec{}))
+		s.CP.KCP.Annotations[controlplane.RecordAnnotation] = `{"operation":"upgrade","target":"v1.36.3","who":"us"}`
+		if err := CheckState(s, upgrade); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestDesiredRefusesBadInput(t *testing.T) {
+	replicas := func(n int32) *int32 { return &n }
+	cases := []struct {
+		name string
+		r    Request
+		says string
+	}{
+		{"a downgrade by a patch", Request{Operation: "upgrade", Version: "v1.36.2"}, "downgrade"},
+		{"a downgrade by a minor", Request{Operation: "upgrade", Version: "v1.35.9"}, "downgrade"},
+		{"a skipped minor", Request{Operation: "upgrade", Version: "v1.38.0"}, "skips a minor"},
+		{"another major", Request{Operation: "upgrade", Version: "v2.0.0"}, "skips a minor"},
+		{"no leading v", Request{Operation: "upgrade", Version: "1.37.0"}, `must start with "v"`},
+		{"zero replicas", Request{Operation: "scale", Replicas: replicas(0)}, "at least 1"},
+		{"even replicas with stacked etcd", Request{Operation: "scale", Replicas: replicas(4)}, "odd"},
+		{"surge 0 below three replicas", Request{Operation: "scale", Replicas: replicas(1), MaxSurge: 0}, "--max-surge 0 needs at least 3"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := world(machineSpec{}, machineSpec{}, machineSpec{})
+			for _, m := range s.CP.Machines {
+				m.Spec.Version = "v1.36.3"
+			}
+			_, err := Desired(context.Background(), s, tc.r)
+			if exitcode.Of(err) != exitcode.Usage || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("got exit %d %v; want exit 2 saying %q", exitcode.Of(err), err, tc.says)
+			}
+		})
+	}
+	t.Run("a skip is measured from the oldest machine", func(t *testing.T) {
+		s := world(machineSpec{}, machineSpec{}, machineSpec{})
+		for _, m := range s.CP.Machines {
+			m.Spec.Version = "v1.35.2" // KCP already asks for v1.36.3, no machine runs it
+		}
+		if _, err := Desired(context.Background(), s, Request{Operation: "upgrade", Version: "v1.37.0", MaxSurge: 1}); exitcode.Of(err) != exitcode.Usage {
+			t.Fatalf("got %v, want v1.37.0 refused as a skip from v1.35.2", err)
+		}
+	})
+	t.Run("the next minor passes", func(t *testing.T) {
+		s := world(machineSpec{}, machineSpec{}, machineSpec{})
+		for _, m := range s.CP.Machines {
+			m.Spec.Version = "v1.36.3"
+		}
+		s.CP.KCP.Spec.MachineTemplate.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
+			APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "GenericInfrastructureMachineTemplate", Name: "demo"}
+		want, err := Desired(context.Background(), s, Request{Operation: "upgrade", Version: "v1.37.0", MaxSurge: 1})
+		if err != nil || want.Spec.Version != "v1.37.0" {
+			t.Fatalf("got %v, %v", want, err)
+		}
+	})
+}
+
+func TestCheckKCPVersion(t *testing.T) {
+	for version, ok := range map[string]bool{"v1.14.2": true, "v1.14.0-rc.1": true, "v1.13.2": false, "v1.15.0": false, "latest": false} {
+		if err := CheckKCPVersion(version); (err == nil) != ok {
+			t.Errorf("KCP controller %s: %v", version, err)
+		} else if err != nil && exitcode.Of(err) != exitcode.Unsafe {
+			t.Errorf("KCP controller %s: exit %d, want 3", version, exitcode.Of(err))
+		}
+	}
+}
