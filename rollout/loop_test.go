@@ -90,7 +90,9 @@ func (f *scripted) machine(name string) *clusterv1.Machine {
 	return m.DeepCopy() // snapshots already handed out keep what they saw
 }
 
-func (f *scripted) Key() types.NamespacedName { return types.NamespacedName{Namespace: "default", Name: "demo"} }
+func (f *scripted) Key() types.NamespacedName {
+	return types.NamespacedName{Namespace: "default", Name: "demo"}
+}
 
 func (f *scripted) Read(context.Context) (*kcpstate.ControlPlane, error) {
 	f.mu.Lock()
@@ -424,7 +426,7 @@ func TestConvergeWaitLimits(t *testing.T) {
 			code: exitcode.Timeout, says: "could not read the control plane", waiting: "read"},
 		{name: "a healthy machine that went bad and stays bad", world: world(cur, machineSpec{unhealthy: true}, cur),
 			limits: func(t *Timeouts) { t.Recovery = short },
-			code: exitcode.Unsafe, says: "etcd member n1", waiting: "unhealthy"},
+			code:   exitcode.Unsafe, says: "etcd member n1", waiting: "unhealthy"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
