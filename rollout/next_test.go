@@ -13,7 +13,7 @@ import (
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
@@ -49,7 +49,7 @@ func world(specs ...machineSpec) *Snapshot {
 		Now:         base.Add(time.Hour),
 		EtcdManaged: true,
 		Nodes:       map[string]workload.Node{},
-		CP: &pkg.ControlPlane{
+		CP: &kcpstate.ControlPlane{
 			Cluster:             &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "demo", Namespace: "default"}},
 			KCP:                 &controlplanev1.KubeadmControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "demo-cp"}, Spec: controlplanev1.KubeadmControlPlaneSpec{Version: "v1.36.3", Replicas: ptr.To(int32(3))}},
 			Machines:            collections.New(),

@@ -13,7 +13,7 @@ import (
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/labels/format"
 )
 
@@ -27,7 +27,7 @@ import (
 //
 // Call it only while holding the lock with KCP paused: then nobody else is
 // between those two creations.
-func (c *Client) Orphans(ctx context.Context, cp *pkg.ControlPlane) ([]client.Object, error) {
+func (c *Client) Orphans(ctx context.Context, cp *kcpstate.ControlPlane) ([]client.Object, error) {
 	selector := client.MatchingLabels{
 		clusterv1.ClusterNameLabel:             cp.Cluster.Name,
 		clusterv1.MachineControlPlaneNameLabel: format.MustFormatValue(cp.KCP.Name),

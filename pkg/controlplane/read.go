@@ -22,7 +22,7 @@ import (
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -66,7 +66,7 @@ func (c *Client) Key() types.NamespacedName {
 // The Cluster must exist, not be deleting, and be controlled by a v1beta2
 // KubeadmControlPlane; otherwise the error is marked Unsafe and names what is
 // wrong.
-func (c *Client) Read(ctx context.Context) (*pkg.ControlPlane, error) {
+func (c *Client) Read(ctx context.Context) (*kcpstate.ControlPlane, error) {
 	cluster, kcp, err := c.readKCP(ctx)
 	if err != nil {
 		return nil, err
@@ -79,7 +79,7 @@ func (c *Client) Read(ctx context.Context) (*pkg.ControlPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing control-plane machines of %s/%s: %w", c.Namespace, c.Cluster, err)
 	}
-	cp, err := pkg.NewControlPlane(ctx, nil, c.c, cluster, kcp, machines)
+	cp, err := kcpstate.NewControlPlane(ctx, nil, c.c, cluster, kcp, machines)
 	if err != nil {
 		return nil, fmt.Errorf("reading control plane of %s/%s: %w", c.Namespace, c.Cluster, err)
 	}
@@ -113,6 +113,6 @@ func (c *Client) readKCP(ctx context.Context) (*clusterv1.Cluster, *controlplane
 // WithKCP returns KCP's view of the same machines as if the KubeadmControlPlane
 // were want: which machines a new version or configuration makes outdated,
 // before anything is written.
-func (c *Client) WithKCP(ctx context.Context, cp *pkg.ControlPlane, want *controlplanev1.KubeadmControlPlane) (*pkg.ControlPlane, error) {
-	return pkg.NewControlPlane(ctx, nil, c.c, cp.Cluster, want, cp.Machines)
+func (c *Client) WithKCP(ctx context.Context, cp *kcpstate.ControlPlane, want *controlplanev1.KubeadmControlPlane) (*kcpstate.ControlPlane, error) {
+	return kcpstate.NewControlPlane(ctx, nil, c.c, cp.Cluster, want, cp.Machines)
 }

@@ -11,7 +11,7 @@ import (
 
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
-	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	kcpworkload "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 )
 
 // PrepareRollout does to the workload cluster what KCP's updateControlPlane
@@ -34,7 +34,7 @@ func (c *Client) PrepareRollout(ctx context.Context, kcp *controlplanev1.Kubeadm
 	if err != nil {
 		return err
 	}
-	w := &pkg.Workload{Client: kube}
+	w := &kcpworkload.Workload{Client: kube}
 	if err := w.EnsureKubeadmPermissions(ctx, version); err != nil {
 		return fmt.Errorf("workload cluster %s: kubeadm RBAC for %s: %w", c.Name, kcp.Spec.Version, err)
 	}
@@ -43,7 +43,7 @@ func (c *Client) PrepareRollout(ctx context.Context, kcp *controlplanev1.Kubeadm
 	var mutators []func(*bootstrapv1.ClusterConfiguration)
 	if cc := kcp.Spec.KubeadmConfigSpec.ClusterConfiguration; cc.IsDefined() {
 		mutators = append(mutators,
-			w.UpdateImageRepositoryInKubeadmConfigMap(pkg.ImageRepositoryFromClusterConfig(cc)),
+			w.UpdateImageRepositoryInKubeadmConfigMap(kcpworkload.ImageRepositoryFromClusterConfig(cc)),
 			w.UpdateFeatureGatesInKubeadmConfigMap(kcp.Spec.KubeadmConfigSpec, version),
 			w.UpdateAPIServerInKubeadmConfigMap(cc.APIServer),
 			w.UpdateControllerManagerInKubeadmConfigMap(cc.ControllerManager),
