@@ -53,8 +53,9 @@ func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 			}
 		}
 	}
-	if last := evs[len(evs)-1]; last["action"] != "handback" {
-		t.Errorf("last event %v, want the hand-back", last)
+	// The summary closes the run, after the hand-back it accounts for.
+	if last, handback := evs[len(evs)-1], evs[len(evs)-2]; last["action"] != "summary" || handback["action"] != "handback" || handback["phase"] != "done" {
+		t.Errorf("last events %v, %v; want the hand-back done, then the summary", handback, last)
 	}
 	assertConverged(t, e, 3, to)
 	assertKCPIdle(t, e, time.Minute)
