@@ -28,7 +28,7 @@ func Run(ctx context.Context, streams genericiooptions.IOStreams, args []string)
 }
 
 // RootOptions holds what every verb shares: how to reach the management cluster
-// and where the configuration file is.
+// and where the configuration file is. Verbs copy from it only what they use.
 type RootOptions struct {
 	ConfigFlags *genericclioptions.ConfigFlags
 	ConfigFile  string
@@ -82,16 +82,35 @@ control-plane machine, never lose etcd quorum).`,
 		"Path to the configuration file (environment: "+envPrefix+"_CONFIG)")
 
 	cmd.AddCommand(
-		NewCmdUpgrade(o),
-		NewCmdScale(o),
-		NewCmdReplace(o),
-		NewCmdPlan(o),
-		NewCmdStatus(o),
-		NewCmdHandback(o),
-		NewCmdVersion(streams),
-		NewCmdCompletion(streams),
+		NewCmdUpgrade(o, nil),
+		NewCmdScale(o, nil),
+		NewCmdReplace(o, nil),
+		NewCmdPlan(o, nil),
+		NewCmdStatus(o, nil),
+		NewCmdHandback(o, nil),
+		NewCmdVersion(streams, nil),
+		NewCmdCompletion(streams, nil),
 	)
 	return cmd, o
+}
+
+// verbOptions is what each verb's options do once its flags and arguments are
+// in: Validate reads nothing but the options, Run does the work.
+type verbOptions interface {
+	Validate() error
+	Run(context.Context) error
+}
+
+// validateAndRun validates o and hands it to runF, the test seam, when one is
+// given, or else runs it. Verbs complete their options before calling it.
+func validateAndRun[O verbOptions](ctx context.Context, o O, runF func(O) error) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	if runF != nil {
+		return runF(o)
+	}
+	return o.Run(ctx)
 }
 
 // noVerb rejects anything the root is given that cobra did not resolve to a verb,
