@@ -43,10 +43,15 @@ the binary) on PATH instead; kubectl 1.26 and newer call it.
 		ValidArgs: completionShells,
 		Args:      usageArgs(cobra.MatchAll(cobra.ExactArgs(1), cobra.OnlyValidArgs)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Shell, o.Tree = args[0], cmd.Root()
-			return validateAndRun(cmd.Context(), o, runF)
+			return runVerb(cmd, args, o, runF)
 		},
 	}
+}
+
+// Complete takes the shell and the tree the command belongs to.
+func (o *CompletionOptions) Complete(cmd *cobra.Command, args []string) error {
+	o.Shell, o.Tree = args[0], cmd.Root()
+	return nil
 }
 
 // Validate has nothing left to check: cobra's argument check (OnlyValidArgs)

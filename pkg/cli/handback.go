@@ -37,12 +37,17 @@ that a live run still renews is only released with --force.`,
 		Example: `  kubectl cp-rollout handback prod-eu1`,
 		Args:    clusterArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Cluster = args[0]
-			return validateAndRun(cmd.Context(), o, runF)
+			return runVerb(cmd, args, o, runF)
 		},
 	}
 	cmd.Flags().BoolVar(&o.Force, "force", false, "Release the lock even while its holder renews it (only when you know that run is gone)")
 	return cmd
+}
+
+// Complete takes the cluster's name.
+func (o *HandbackOptions) Complete(_ *cobra.Command, args []string) error {
+	o.Cluster = args[0]
+	return nil
 }
 
 // Validate has nothing to check: the cluster's name is the only input.

@@ -127,8 +127,7 @@ the same plan.`,
   kubectl cp-rollout plan prod-eu1 --version v1.36.3 --exit-code || echo "rollout pending"`,
 		Args: clusterArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Complete(cmd, args)
-			return validateAndRun(cmd.Context(), o, runF)
+			return runVerb(cmd, args, o, runF)
 		},
 	}
 	f := cmd.Flags()
@@ -146,7 +145,7 @@ the same plan.`,
 }
 
 // Complete turns the one target flag given into the request.
-func (o *PlanOptions) Complete(cmd *cobra.Command, args []string) {
+func (o *PlanOptions) Complete(cmd *cobra.Command, args []string) error {
 	o.Cluster = args[0]
 	for _, name := range []string{"version", "replicas", "replace"} {
 		if cmd.Flags().Changed(name) {
@@ -161,6 +160,7 @@ func (o *PlanOptions) Complete(cmd *cobra.Command, args []string) {
 	case o.replace != "":
 		o.Request.Operation, o.Request.Replace = "replace", o.replace
 	}
+	return nil
 }
 
 // Validate checks the flags; it reads nothing but the options.

@@ -38,12 +38,17 @@ quorum, and moves etcd leadership away first.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Cluster, o.Request.Replace = args[0], args[1]
-			return validateAndRun(cmd.Context(), o, runF)
+			return runVerb(cmd, args, o, runF)
 		},
 	}
 	o.addFlags(cmd)
 	return cmd
+}
+
+// Complete takes the cluster's and the machine's names.
+func (o *ReplaceOptions) Complete(_ *cobra.Command, args []string) error {
+	o.Cluster, o.Request.Replace = args[0], args[1]
+	return nil
 }
 
 // Validate checks the flags; it reads nothing but the options.

@@ -94,23 +94,28 @@ control-plane machine, never lose etcd quorum).`,
 	return cmd, o
 }
 
-// verbOptions is what each verb's options do once its flags and arguments are
-// in: Validate reads nothing but the options, Run does the work.
+// verbOptions is what each verb's options do once cobra has parsed the
+// command line: Complete takes in the arguments and what the flags imply,
+// reading nothing else; Validate reads nothing but the options; Run works.
 type verbOptions interface {
+	Complete(cmd *cobra.Command, args []string) error
 	Validate() error
 	Run(context.Context) error
 }
 
-// validateAndRun validates o and hands it to runF, the test seam, when one is
-// given, or else runs it. Verbs complete their options before calling it.
-func validateAndRun[O verbOptions](ctx context.Context, o O, runF func(O) error) error {
+// runVerb is every verb's RunE. It hands the completed, valid options to
+// runF, the test seam, when one is given, or else runs them.
+func runVerb[O verbOptions](cmd *cobra.Command, args []string, o O, runF func(O) error) error {
+	if err := o.Complete(cmd, args); err != nil {
+		return err
+	}
 	if err := o.Validate(); err != nil {
 		return err
 	}
 	if runF != nil {
 		return runF(o)
 	}
-	return o.Run(ctx)
+	return o.Run(cmd.Context())
 }
 
 // noVerb rejects anything the root is given that cobra did not resolve to a verb,

@@ -35,8 +35,7 @@ be odd.`,
 		Example: `  kubectl cp-rollout scale prod-eu1 --replicas 5`,
 		Args:    clusterArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Complete(cmd, args)
-			return validateAndRun(cmd.Context(), o, runF)
+			return runVerb(cmd, args, o, runF)
 		},
 	}
 	o.addFlags(cmd)
@@ -46,11 +45,12 @@ be odd.`,
 
 // Complete puts --replicas in the request only when it was given: its zero
 // value is a count, not "unset".
-func (o *ScaleOptions) Complete(cmd *cobra.Command, args []string) {
+func (o *ScaleOptions) Complete(cmd *cobra.Command, args []string) error {
 	o.Cluster = args[0]
 	if cmd.Flags().Changed("replicas") {
 		o.Request.Replicas = &o.replicas
 	}
+	return nil
 }
 
 // Validate checks the flags; it reads nothing but the options.

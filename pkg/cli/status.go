@@ -45,13 +45,18 @@ no lock and works while a rollout runs.`,
   kubectl cp-rollout status prod-eu1 -o json | jq '.etcdMembers[] | select(.leader)'`,
 		Args: clusterArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Cluster = args[0]
-			return validateAndRun(cmd.Context(), o, runF)
+			return runVerb(cmd, args, o, runF)
 		},
 	}
 	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text, wide, json or yaml")
 	o.addEtcdEndpointFlag(cmd.Flags())
 	return cmd
+}
+
+// Complete takes the cluster's name.
+func (o *StatusOptions) Complete(_ *cobra.Command, args []string) error {
+	o.Cluster = args[0]
+	return nil
 }
 
 // Validate checks the flags; it reads nothing but the options.

@@ -38,13 +38,18 @@ cluster is.`,
   kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 --max-surge 0 -o json`,
 		Args: clusterArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Cluster = args[0]
-			return validateAndRun(cmd.Context(), o, runF)
+			return runVerb(cmd, args, o, runF)
 		},
 	}
 	o.addFlags(cmd)
 	cmd.Flags().StringVar(&o.Request.Version, "version", "", "The Kubernetes version to upgrade to, e.g. v1.36.3 (required)")
 	return cmd
+}
+
+// Complete takes the cluster's name.
+func (o *UpgradeOptions) Complete(_ *cobra.Command, args []string) error {
+	o.Cluster = args[0]
+	return nil
 }
 
 // Validate checks the flags; it reads nothing but the options.

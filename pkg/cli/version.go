@@ -30,13 +30,16 @@ func NewCmdVersion(streams genericiooptions.IOStreams, runF func(*VersionOptions
 		Use:   "version",
 		Short: "Print the version, commit and build date",
 		Args:  usageArgs(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return validateAndRun(cmd.Context(), o, runF)
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runVerb(cmd, args, o, runF)
 		},
 	}
 	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text or json")
 	return cmd
 }
+
+// Complete has nothing to take in: version has no arguments.
+func (o *VersionOptions) Complete(*cobra.Command, []string) error { return nil }
 
 // Validate checks the flags; it reads nothing but the options.
 func (o *VersionOptions) Validate() error {
