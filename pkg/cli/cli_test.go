@@ -14,12 +14,19 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
 
-// isolate points the config file lookup at an empty directory and clears every
-// CP_ROLLOUT_ variable, so the developer's own setup cannot leak into a test.
+// isolate points the config file lookup at an empty directory, clears every
+// CP_ROLLOUT_ variable and points KUBECONFIG at a management cluster where
+// nothing listens, so the developer's own setup cannot leak into a test and a
+// test that dials fails at once instead of reaching a real cluster.
 func isolate(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
 	t.Setenv("XDG_CONFIG_HOME", dir)
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(unreachableKubeconfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", kubeconfig)
 	for _, kv := range os.Environ() {
 		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, envPrefix+"_") {
 			t.Setenv(name, "")
@@ -27,6 +34,33 @@ func isolate(t *testing.T) string {
 		}
 	}
 	return filepath.Join(dir, "cp-rollout", "config.yaml")
+}
+
+const unreachableKubeconfig = `apiVersion: v1
+kind: Config
+clusters:
+- name: nowhere
+  cluster: {server: "https://127.0.0.1:1"}
+users:
+- name: nobody
+  user: {token: none}
+contexts:
+- name: nowhere
+  context: {cluster: nowhere, user: nobody}
+current-context: nowhere
+`
+
+// isolateWith isolates the test and then gives it this config file body (none
+// when empty) and these environment variables.
+func isolateWith(t *testing.T, config string, env map[string]string) {
+	t.Helper()
+	path := isolate(t)
+	if config != "" {
+		writeConfig(t, path, config)
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
 }
 
 func writeConfig(t *testing.T, path, body string) {
@@ -208,13 +242,7 @@ func TestBadConfigIsUsageError(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			path := isolate(t)
-			if tc.body != "" {
-				writeConfig(t, path, tc.body)
-			}
-			for k, v := range tc.env {
-				t.Setenv(k, v)
-			}
+			isolateWith(t, tc.body, tc.env)
 			r := run(t, "version")
 			if r.code != exitcode.Usage {
 				t.Fatalf("exit code %d, want %d (err: %v)", r.code, exitcode.Usage, r.err)

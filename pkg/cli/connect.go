@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/spf13/pflag"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -17,28 +18,79 @@ import (
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
-// connection holds the clients a verb works with: the management cluster, the
-// workload cluster and its etcd, with the flags that shape them.
+// This file and prepare below are where the command line meets the rollout
+// engine: every other file works with flags, options and printing only.
+
+// connection says which cluster's control plane a verb works on and how to
+// reach it. Flags fill it; only connect reads the kubeconfig and dials.
 type connection struct {
+	// Management is kubectl's connection flags: the kubeconfig, context,
+	// impersonation and so on.
+	Management   genericclioptions.RESTClientGetter
 	Cluster      string
-	Namespace    string
+	Namespace    string // empty: the kubeconfig context's namespace
 	EtcdEndpoint string // direct etcd endpoint template; empty = port-forward
-	KCPVersion   string // override for the KCP controller version check
+	KCPVersion   string // overrides detection of the KCP controller's version
 }
+
+func (c *connection) addEtcdEndpointFlag(f *pflag.FlagSet) {
+	f.StringVar(&c.EtcdEndpoint, "etcd-endpoint", "", "Reach etcd members directly at this URL template, e.g. 'https://{{.NodeIP}}:2379' (default: port-forward through the workload API server)")
+}
+
+func (c *connection) addKCPVersionFlag(f *pflag.FlagSet) {
+	f.StringVar(&c.KCPVersion, "kcp-version", "", "The KubeadmControlPlane controller's version, for custom installs where its Deployment cannot be found")
+}
+
+// validateEtcdEndpoint renders the template for a made-up node, so a broken
+// template is bad usage before any cluster is read.
+func (c *connection) validateEtcdEndpoint() error {
+	if c.EtcdEndpoint == "" {
+		return nil
+	}
+	_, err := directDialer(c.EtcdEndpoint)
+	return err
+}
+
+func directDialer(endpointTemplate string) (etcd.Dialer, error) {
+	d, err := etcd.NewDirectDialer(endpointTemplate)
+	if err != nil {
+		return nil, exitcode.Usagef("--etcd-endpoint: %v", err)
+	}
+	return d, nil
+}
+
+// validateKCPVersion refuses an override naming an unsupported controller
+// before any cluster is read; connect checks the version it uses again, as it
+// does a detected one.
+func (c *connection) validateKCPVersion() error {
+	if c.KCPVersion == "" {
+		return nil
+	}
+	return rollout.CheckKCPVersion(c.KCPVersion)
+}
+
+// engineUse says what a verb will do with the engine. A verb that runs the
+// rollout loop also has the KCP controller's version checked (the loop creates
+// machines as that version of KCP would) and the watches started that the loop
+// waits on; plan, status and handback need neither.
+type engineUse struct {
+	loop     bool
+	reporter progress.Reporter
+	timeouts rollout.Timeouts
+}
+
+var noLoop = engineUse{timeouts: rollout.DefaultTimeouts}
 
 // connect builds the rollout engine for one cluster: an uncached management
 // client, the workload client from the cluster's kubeconfig Secret and an etcd
 // client with credentials minted from the cluster's etcd CA.
-//
-// Verbs that change the control plane (change) also check the KCP controller's
-// version and start the watches the loop waits on; read-only verbs skip both.
-func (c *connection) connect(ctx context.Context, flags *genericclioptions.ConfigFlags, reporter progress.Reporter, change bool) (*rollout.Engine, func(), error) {
-	cfg, err := flags.ToRESTConfig()
+func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engine, func(), error) {
+	cfg, err := c.Management.ToRESTConfig()
 	if err != nil {
 		return nil, nil, exitcode.Usagef("management cluster: %v", err)
 	}
 	if c.Namespace == "" {
-		ns, _, err := flags.ToRawKubeConfigLoader().Namespace()
+		ns, _, err := c.Management.ToRawKubeConfigLoader().Namespace()
 		if err != nil {
 			return nil, nil, exitcode.Usagef("namespace: %v", err)
 		}
@@ -57,7 +109,7 @@ func (c *connection) connect(ctx context.Context, flags *genericclioptions.Confi
 		return nil, nil, err
 	}
 
-	if change {
+	if use.loop {
 		version := c.KCPVersion
 		if version == "" {
 			if version, err = cp.KCPControllerVersion(ctx); err != nil {
@@ -73,7 +125,7 @@ func (c *connection) connect(ctx context.Context, flags *genericclioptions.Confi
 	if err != nil {
 		return nil, nil, exitcode.New(exitcode.Unsafe, err)
 	}
-	engine := &rollout.Engine{ControlPlane: cp, Workload: wl, Reporter: reporter, Timeouts: rollout.DefaultTimeouts}
+	engine := &rollout.Engine{ControlPlane: cp, Workload: wl, Reporter: use.reporter, Timeouts: use.timeouts}
 	closers := []func(){}
 	cleanup := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -90,10 +142,11 @@ func (c *connection) connect(ctx context.Context, flags *genericclioptions.Confi
 	default:
 		var dialer etcd.Dialer
 		if c.EtcdEndpoint != "" {
-			if dialer, err = etcd.NewDirectDialer(c.EtcdEndpoint); err != nil {
-				return nil, nil, exitcode.Usagef("--etcd-endpoint: %v", err)
-			}
-		} else if dialer, err = etcd.NewPortForwardDialer(wl.Config); err != nil {
+			dialer, err = directDialer(c.EtcdEndpoint)
+		} else {
+			dialer, err = etcd.NewPortForwardDialer(wl.Config)
+		}
+		if err != nil {
 			return nil, nil, err
 		}
 		ec, err := etcd.New(etcd.Config{Dialer: dialer, Credentials: creds})
@@ -104,7 +157,7 @@ func (c *connection) connect(ctx context.Context, flags *genericclioptions.Confi
 		engine.Etcd = ec
 	}
 
-	if !change {
+	if !use.loop {
 		return engine, cleanup, nil
 	}
 	watchCtx, stop := context.WithCancel(ctx)

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -18,20 +19,102 @@ import (
 // PendingExitCode is what `plan --exit-code` returns when steps are pending.
 const PendingExitCode = 10
 
-// PlanOptions shows the steps a change would take, changing nothing.
-type PlanOptions struct {
-	rolloutOptions
-	Version  string
-	Replicas int32
-	Replace  string
-	ExitCode bool
-	Streams  genericiooptions.IOStreams
+// requestOptions are a request against one cluster and what plan, upgrade,
+// scale and replace share to answer it: the surge, how to reach etcd and the
+// KCP controller's version, and the output format.
+type requestOptions struct {
+	connection
+	Streams genericiooptions.IOStreams
+	Request rollout.Request
+	Output  string
 }
 
-// NewCmdPlan returns the plan verb.
-func NewCmdPlan(root *RootOptions) *cobra.Command {
-	o := &PlanOptions{Streams: root.Streams}
-	o.Root = root
+func newRequestOptions(streams genericiooptions.IOStreams, operation string) requestOptions {
+	return requestOptions{
+		Streams: streams,
+		Request: rollout.Request{Operation: operation, MaxSurge: -1},
+		Output:  "text",
+	}
+}
+
+func (o *requestOptions) addFlags(f *pflag.FlagSet) {
+	f.Int32Var(&o.Request.MaxSurge, "max-surge", o.Request.MaxSurge, "Machines created above the replica count during a rollout: 1 (replacement first) or 0 (delete first, for clusters without spare capacity; needs at least 3 replicas); -1 uses the KubeadmControlPlane's rollout.strategy.rollingUpdate.maxSurge")
+	f.StringVarP(&o.Output, "output", "o", o.Output, "Progress format: text (spinner on a terminal, timestamped lines otherwise) or json (JSON Lines events on stdout)")
+	o.addEtcdEndpointFlag(f)
+	o.addKCPVersionFlag(f)
+}
+
+// validate checks the flags every request shares; it reads nothing but the
+// options.
+func (o *requestOptions) validate() error {
+	if ms := o.Request.MaxSurge; ms < -1 || ms > 1 {
+		return exitcode.Usagef("--max-surge must be 0 or 1, not %d", ms)
+	}
+	if r := o.Request.Replicas; r != nil && *r == 1 && o.Request.MaxSurge == 0 {
+		// Deleting first is refused below 3 replicas whatever the cluster;
+		// for 2, stacked etcd's odd-replica rule speaks first, so the cluster
+		// decides which reason to give.
+		return exitcode.Usagef("--max-surge 0 needs at least 3 replicas (--replicas is %d): deleting first would leave too few machines", *r)
+	}
+	if err := oneOf("output", o.Output, "text", "json"); err != nil {
+		return err
+	}
+	return o.validateEtcdEndpoint()
+}
+
+// printPlan prints the plan for the request and reports whether it has steps.
+func (o *requestOptions) printPlan(ctx context.Context) (pending bool, err error) {
+	engine, closeEngine, err := o.connect(ctx, noLoop)
+	if err != nil {
+		return false, err
+	}
+	defer closeEngine()
+	prepared, err := engine.Prepare(ctx, o.Request)
+	if err != nil {
+		return false, err
+	}
+	var steps []rollout.Step
+	if prepared.NothingToDo == "" {
+		steps = rollout.Plan(ctx, prepared.Snapshot, prepared.Target)
+	}
+	if err := printPlan(o.Streams.Out, o.Output, o.Request, steps); err != nil {
+		return false, err
+	}
+	for _, s := range steps {
+		if s.Action == rollout.Refuse {
+			return true, s.Err
+		}
+	}
+	return len(steps) > 0, nil
+}
+
+// PlanOptions shows the steps a change would take, changing nothing.
+type PlanOptions struct {
+	requestOptions
+	// ExitCode makes pending steps exit PendingExitCode, for scripts.
+	ExitCode bool
+
+	// What the --version, --replicas and --replace flags hold; Complete
+	// turns the one given into the request.
+	version  string
+	replicas int32
+	replace  string
+	targets  int // how many of those flags were given
+	// The run flags of the changing verbs are accepted so a command line
+	// can swap its verb for plan, and checked, but a plan waits for nothing.
+	ignored waitLimits
+}
+
+// NewPlanOptions returns the plan verb's defaults.
+func NewPlanOptions(streams genericiooptions.IOStreams) *PlanOptions {
+	return &PlanOptions{requestOptions: newRequestOptions(streams, ""), ignored: newWaitLimits()}
+}
+
+// NewCmdPlan returns the plan verb. runF, when set, replaces Run, so tests
+// can see what the flags resolve to.
+func NewCmdPlan(root *RootOptions, runF func(*PlanOptions) error) *cobra.Command {
+	o := NewPlanOptions(root.Streams)
+	o.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "plan CLUSTER (--version V | --replicas N | --replace MACHINE)",
 		Short: "Show the steps an upgrade, scale or replace would take, changing nothing",
@@ -44,93 +127,88 @@ the same plan.`,
   kubectl cp-rollout plan prod-eu1 --version v1.36.3 --exit-code || echo "rollout pending"`,
 		Args: clusterArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Cluster = args[0]
-			req, err := o.request(cmd)
-			if err != nil {
-				return err
-			}
-			if err := o.validate(); err != nil {
-				return err
-			}
-			pending, err := o.plan(cmd.Context(), o.Streams.Out, req)
-			if err == nil && pending && o.ExitCode {
-				return exitcode.New(PendingExitCode, errPending)
-			}
-			return err
+			return runVerb(cmd, args, o, runF)
 		},
 	}
-	o.addFlags(cmd)
 	f := cmd.Flags()
-	f.StringVar(&o.Version, "version", "", "Plan an upgrade to this Kubernetes version")
-	f.Int32Var(&o.Replicas, "replicas", o.Replicas, "Plan a scale to this many machines")
-	f.StringVar(&o.Replace, "replace", "", "Plan the replacement of this machine")
+	o.requestOptions.addFlags(f)
+	o.ignored.addFlags(f)
+	f.StringVar(&o.version, "version", "", "Plan an upgrade to this Kubernetes version")
+	f.Int32Var(&o.replicas, "replicas", o.replicas, "Plan a scale to this many machines")
+	f.StringVar(&o.replace, "replace", "", "Plan the replacement of this machine")
 	f.BoolVar(&o.ExitCode, "exit-code", false, fmt.Sprintf("Exit %d when steps are pending, 0 when there is nothing to do", PendingExitCode))
-	// The progress flags do not apply to a plan.
+	f.Bool("dry-run", false, "")
 	for _, name := range []string{"timeout", "provision-timeout", "health-timeout", "delete-timeout", "settle", "dry-run"} {
 		_ = f.MarkHidden(name)
 	}
 	return cmd
 }
 
+// Complete turns the one target flag given into the request.
+func (o *PlanOptions) Complete(cmd *cobra.Command, args []string) error {
+	o.Cluster = args[0]
+	for _, name := range []string{"version", "replicas", "replace"} {
+		if cmd.Flags().Changed(name) {
+			o.targets++
+		}
+	}
+	switch {
+	case o.version != "":
+		o.Request.Operation, o.Request.Version = "upgrade", o.version
+	case cmd.Flags().Changed("replicas"):
+		o.Request.Operation, o.Request.Replicas = "scale", &o.replicas
+	case o.replace != "":
+		o.Request.Operation, o.Request.Replace = "replace", o.replace
+	}
+	return nil
+}
+
+// Validate checks the flags; it reads nothing but the options.
+func (o *PlanOptions) Validate() error {
+	// Checked here rather than with cobra's flag groups, whose error would not
+	// be marked as bad usage.
+	if o.targets > 1 {
+		return exitcode.Usagef("plan takes one of --version, --replicas or --replace, not several")
+	}
+	if err := validateTarget(o.Request); err != nil {
+		return err
+	}
+	if o.Request.Operation == "" {
+		return exitcode.Usagef("plan needs one of --version, --replicas or --replace")
+	}
+	if err := o.requestOptions.validate(); err != nil {
+		return err
+	}
+	return o.ignored.validate()
+}
+
+// Run prints the plan to stdout.
+func (o *PlanOptions) Run(ctx context.Context) error {
+	pending, err := o.printPlan(ctx)
+	if err == nil && pending && o.ExitCode {
+		return exitcode.New(PendingExitCode, errPending)
+	}
+	return err
+}
+
+// validateTarget checks the version and replica count a request asks for.
+// Whether the count must be odd depends on the cluster (stacked or external
+// etcd) and is checked against it, before anything changes.
+func validateTarget(r rollout.Request) error {
+	if r.Version != "" {
+		if _, err := rollout.ParseVersion(r.Version); err != nil {
+			return err
+		}
+	}
+	if r.Replicas != nil && *r.Replicas < 1 {
+		return exitcode.Usagef("--replicas must be at least 1, not %d", *r.Replicas)
+	}
+	return nil
+}
+
 // errPending is the "error" of a successful plan with steps, under --exit-code;
 // main prints nothing for it beyond the exit code.
 var errPending = errors.New("steps pending")
-
-func (o *PlanOptions) request(cmd *cobra.Command) (rollout.Request, error) {
-	// Checked here rather than with cobra's flag groups, whose error would not
-	// be marked as bad usage.
-	set := 0
-	for _, name := range []string{"version", "replicas", "replace"} {
-		if cmd.Flags().Changed(name) {
-			set++
-		}
-	}
-	if set > 1 {
-		return rollout.Request{}, exitcode.Usagef("plan takes one of --version, --replicas or --replace, not several")
-	}
-	switch {
-	case o.Version != "":
-		if _, err := rollout.ParseVersion(o.Version); err != nil {
-			return rollout.Request{}, err
-		}
-		return rollout.Request{Operation: "upgrade", Version: o.Version}, nil
-	case cmd.Flags().Changed("replicas"):
-		if o.Replicas < 1 {
-			return rollout.Request{}, exitcode.Usagef("--replicas must be at least 1, not %d", o.Replicas)
-		}
-		return rollout.Request{Operation: "scale", Replicas: &o.Replicas}, nil
-	case o.Replace != "":
-		return rollout.Request{Operation: "replace", Replace: o.Replace}, nil
-	}
-	return rollout.Request{}, exitcode.Usagef("plan needs one of --version, --replicas or --replace")
-}
-
-// plan prints the plan for req and reports whether it has steps.
-func (o *rolloutOptions) plan(ctx context.Context, out io.Writer, req rollout.Request) (bool, error) {
-	req.MaxSurge = o.MaxSurge
-	engine, closeEngine, err := o.connect(ctx, o.Root.ConfigFlags, nil, false)
-	if err != nil {
-		return false, err
-	}
-	defer closeEngine()
-	prepared, err := engine.Prepare(ctx, req)
-	if err != nil {
-		return false, err
-	}
-	var steps []rollout.Step
-	if prepared.NothingToDo == "" {
-		steps = rollout.Plan(ctx, prepared.Snapshot, prepared.Target)
-	}
-	if err := printPlan(out, o.Output, req, steps); err != nil {
-		return false, err
-	}
-	for _, s := range steps {
-		if s.Action == rollout.Refuse {
-			return true, s.Err
-		}
-	}
-	return len(steps) > 0, nil
-}
 
 // plannedStep is a step's stable JSON form.
 type plannedStep struct {
@@ -160,7 +238,7 @@ func printPlan(out io.Writer, format string, req rollout.Request, steps []rollou
 		}{req.Operation, req.TargetString(), planned})
 	}
 	if len(planned) == 0 {
-		_, err := fmt.Fprintf(out, "nothing to do: the control plane already matches %s\n", req.TargetString())
+		_, err := fmt.Fprintln(out, nothingToDoFor(req))
 		return err
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
@@ -169,4 +247,8 @@ func printPlan(out io.Writer, format string, req rollout.Request, steps []rollou
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", p.Index, p.Action, dash(p.Machine), p.Reason)
 	}
 	return w.Flush()
+}
+
+func nothingToDoFor(req rollout.Request) string {
+	return "nothing to do: the control plane already matches " + req.TargetString()
 }

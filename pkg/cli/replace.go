@@ -5,20 +5,23 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
-	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // ReplaceOptions replaces one named control-plane machine.
 type ReplaceOptions struct {
-	rolloutOptions
-	Machine string
-	Streams genericiooptions.IOStreams
+	changeOptions
 }
 
-// NewCmdReplace returns the replace verb.
-func NewCmdReplace(root *RootOptions) *cobra.Command {
-	o := &ReplaceOptions{Streams: root.Streams}
-	o.Root = root
+// NewReplaceOptions returns the replace verb's defaults.
+func NewReplaceOptions(streams genericiooptions.IOStreams) *ReplaceOptions {
+	return &ReplaceOptions{newChangeOptions(streams, "replace")}
+}
+
+// NewCmdReplace returns the replace verb. runF, when set, replaces Run, so
+// tests can see what the flags resolve to.
+func NewCmdReplace(root *RootOptions, runF func(*ReplaceOptions) error) *cobra.Command {
+	o := NewReplaceOptions(root.Streams)
+	o.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "replace CLUSTER MACHINE",
 		Short: "Replace one control-plane machine, safely",
@@ -35,13 +38,20 @@ quorum, and moves etcd leadership away first.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Cluster, o.Machine = args[0], args[1]
-			if err := o.validate(); err != nil {
-				return err
-			}
-			return o.run(cmd.Context(), o.Streams, rollout.Request{Operation: "replace", Replace: o.Machine})
+			return runVerb(cmd, args, o, runF)
 		},
 	}
 	o.addFlags(cmd)
 	return cmd
+}
+
+// Complete takes the cluster's and the machine's names.
+func (o *ReplaceOptions) Complete(_ *cobra.Command, args []string) error {
+	o.Cluster, o.Request.Replace = args[0], args[1]
+	return nil
+}
+
+// Validate checks the flags; it reads nothing but the options.
+func (o *ReplaceOptions) Validate() error {
+	return o.validate()
 }

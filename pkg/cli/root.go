@@ -28,7 +28,7 @@ func Run(ctx context.Context, streams genericiooptions.IOStreams, args []string)
 }
 
 // RootOptions holds what every verb shares: how to reach the management cluster
-// and where the configuration file is.
+// and where the configuration file is. Verbs copy from it only what they use.
 type RootOptions struct {
 	ConfigFlags *genericclioptions.ConfigFlags
 	ConfigFile  string
@@ -82,16 +82,40 @@ control-plane machine, never lose etcd quorum).`,
 		"Path to the configuration file (environment: "+envPrefix+"_CONFIG)")
 
 	cmd.AddCommand(
-		NewCmdUpgrade(o),
-		NewCmdScale(o),
-		NewCmdReplace(o),
-		NewCmdPlan(o),
-		NewCmdStatus(o),
-		NewCmdHandback(o),
-		NewCmdVersion(streams),
-		NewCmdCompletion(streams),
+		NewCmdUpgrade(o, nil),
+		NewCmdScale(o, nil),
+		NewCmdReplace(o, nil),
+		NewCmdPlan(o, nil),
+		NewCmdStatus(o, nil),
+		NewCmdHandback(o, nil),
+		NewCmdVersion(streams, nil),
+		NewCmdCompletion(streams, nil),
 	)
 	return cmd, o
+}
+
+// verbOptions is what each verb's options do once cobra has parsed the
+// command line: Complete takes in the arguments and what the flags imply,
+// reading nothing else; Validate reads nothing but the options; Run works.
+type verbOptions interface {
+	Complete(cmd *cobra.Command, args []string) error
+	Validate() error
+	Run(context.Context) error
+}
+
+// runVerb is every verb's RunE. It hands the completed, valid options to
+// runF, the test seam, when one is given, or else runs them.
+func runVerb[O verbOptions](cmd *cobra.Command, args []string, o O, runF func(O) error) error {
+	if err := o.Complete(cmd, args); err != nil {
+		return err
+	}
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	if runF != nil {
+		return runF(o)
+	}
+	return o.Run(cmd.Context())
 }
 
 // noVerb rejects anything the root is given that cobra did not resolve to a verb,

@@ -5,20 +5,24 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
-	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // ScaleOptions resizes a control plane one machine at a time.
 type ScaleOptions struct {
-	rolloutOptions
-	Replicas int32
-	Streams  genericiooptions.IOStreams
+	changeOptions
+	replicas int32 // what --replicas holds; Complete puts it in the request
 }
 
-// NewCmdScale returns the scale verb.
-func NewCmdScale(root *RootOptions) *cobra.Command {
-	o := &ScaleOptions{Streams: root.Streams}
-	o.Root = root
+// NewScaleOptions returns the scale verb's defaults.
+func NewScaleOptions(streams genericiooptions.IOStreams) *ScaleOptions {
+	return &ScaleOptions{changeOptions: newChangeOptions(streams, "scale")}
+}
+
+// NewCmdScale returns the scale verb. runF, when set, replaces Run, so tests
+// can see what the flags resolve to.
+func NewCmdScale(root *RootOptions, runF func(*ScaleOptions) error) *cobra.Command {
+	o := NewScaleOptions(root.Streams)
+	o.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "scale CLUSTER --replicas N",
 		Short: "Resize a control plane, one machine at a time",
@@ -31,27 +35,31 @@ be odd.`,
 		Example: `  kubectl cp-rollout scale prod-eu1 --replicas 5`,
 		Args:    clusterArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Cluster = args[0]
-			if !cmd.Flags().Changed("replicas") {
-				return exitcode.Usagef("--replicas is required, e.g. --replicas 3")
-			}
-			if err := o.Validate(); err != nil {
-				return err
-			}
-			return o.run(cmd.Context(), o.Streams, rollout.Request{Operation: "scale", Replicas: &o.Replicas})
+			return runVerb(cmd, args, o, runF)
 		},
 	}
 	o.addFlags(cmd)
-	cmd.Flags().Int32Var(&o.Replicas, "replicas", o.Replicas, "The number of control-plane machines wanted (required; odd with stacked etcd)")
+	cmd.Flags().Int32Var(&o.replicas, "replicas", o.replicas, "The number of control-plane machines wanted (required; odd with stacked etcd)")
 	return cmd
 }
 
-// Validate checks the flags; it reads nothing but the options. Whether N must
-// be odd depends on the cluster (stacked or external etcd) and is checked
-// against it, before anything changes.
+// Complete puts --replicas in the request only when it was given: its zero
+// value is a count, not "unset".
+func (o *ScaleOptions) Complete(cmd *cobra.Command, args []string) error {
+	o.Cluster = args[0]
+	if cmd.Flags().Changed("replicas") {
+		o.Request.Replicas = &o.replicas
+	}
+	return nil
+}
+
+// Validate checks the flags; it reads nothing but the options.
 func (o *ScaleOptions) Validate() error {
-	if o.Replicas < 1 {
-		return exitcode.Usagef("--replicas must be at least 1, not %d", o.Replicas)
+	if o.Request.Replicas == nil {
+		return exitcode.Usagef("--replicas is required, e.g. --replicas 3")
+	}
+	if err := validateTarget(o.Request); err != nil {
+		return err
 	}
 	return o.validate()
 }

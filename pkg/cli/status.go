@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -19,14 +20,20 @@ import (
 // StatusOptions shows where a control plane stands.
 type StatusOptions struct {
 	connection
-	Root    *RootOptions
 	Output  string
 	Streams genericiooptions.IOStreams
 }
 
-// NewCmdStatus returns the status verb.
-func NewCmdStatus(root *RootOptions) *cobra.Command {
-	o := &StatusOptions{Root: root, Streams: root.Streams, Output: "text"}
+// NewStatusOptions returns the status verb's defaults.
+func NewStatusOptions(streams genericiooptions.IOStreams) *StatusOptions {
+	return &StatusOptions{Output: "text", Streams: streams}
+}
+
+// NewCmdStatus returns the status verb. runF, when set, replaces Run, so tests
+// can see what the flags resolve to.
+func NewCmdStatus(root *RootOptions, runF func(*StatusOptions) error) *cobra.Command {
+	o := NewStatusOptions(root.Streams)
+	o.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "status CLUSTER",
 		Short: "Show a control plane: KCP, lock, machines, etcd members and the next step",
@@ -38,26 +45,36 @@ no lock and works while a rollout runs.`,
   kubectl cp-rollout status prod-eu1 -o json | jq '.etcdMembers[] | select(.leader)'`,
 		Args: clusterArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Cluster = args[0]
-			if err := oneOf("output", o.Output, "text", "wide", "json", "yaml"); err != nil {
-				return err
-			}
-			return o.Run(cmd)
+			return runVerb(cmd, args, o, runF)
 		},
 	}
 	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text, wide, json or yaml")
-	cmd.Flags().StringVar(&o.EtcdEndpoint, "etcd-endpoint", "", "Reach etcd members directly at this URL template, e.g. 'https://{{.NodeIP}}:2379' (default: port-forward through the workload API server)")
+	o.addEtcdEndpointFlag(cmd.Flags())
 	return cmd
 }
 
+// Complete takes the cluster's name.
+func (o *StatusOptions) Complete(_ *cobra.Command, args []string) error {
+	o.Cluster = args[0]
+	return nil
+}
+
+// Validate checks the flags; it reads nothing but the options.
+func (o *StatusOptions) Validate() error {
+	if err := oneOf("output", o.Output, "text", "wide", "json", "yaml"); err != nil {
+		return err
+	}
+	return o.validateEtcdEndpoint()
+}
+
 // Run prints the status to stdout.
-func (o *StatusOptions) Run(cmd *cobra.Command) error {
-	engine, closeEngine, err := o.connect(cmd.Context(), o.Root.ConfigFlags, nil, false)
+func (o *StatusOptions) Run(ctx context.Context) error {
+	engine, closeEngine, err := o.connect(ctx, noLoop)
 	if err != nil {
 		return err
 	}
 	defer closeEngine()
-	st, err := engine.Status(cmd.Context())
+	st, err := engine.Status(ctx)
 	if err != nil {
 		return err
 	}

@@ -5,21 +5,24 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
-	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // UpgradeOptions replaces every control-plane machine of a cluster with one at
 // a new Kubernetes version.
 type UpgradeOptions struct {
-	rolloutOptions
-	Version string
-	Streams genericiooptions.IOStreams
+	changeOptions
 }
 
-// NewCmdUpgrade returns the upgrade verb.
-func NewCmdUpgrade(root *RootOptions) *cobra.Command {
-	o := &UpgradeOptions{Streams: root.Streams}
-	o.Root = root
+// NewUpgradeOptions returns the upgrade verb's defaults.
+func NewUpgradeOptions(streams genericiooptions.IOStreams) *UpgradeOptions {
+	return &UpgradeOptions{newChangeOptions(streams, "upgrade")}
+}
+
+// NewCmdUpgrade returns the upgrade verb. runF, when set, replaces Run, so
+// tests can see what the flags resolve to.
+func NewCmdUpgrade(root *RootOptions, runF func(*UpgradeOptions) error) *cobra.Command {
+	o := NewUpgradeOptions(root.Streams)
+	o.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "upgrade CLUSTER --version VERSION",
 		Short: "Upgrade a control plane to a Kubernetes version, one machine at a time",
@@ -35,30 +38,27 @@ cluster is.`,
   kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 --max-surge 0 -o json`,
 		Args: clusterArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Cluster = args[0]
-			if err := o.Validate(); err != nil {
-				return err
-			}
-			return o.Run(cmd)
+			return runVerb(cmd, args, o, runF)
 		},
 	}
 	o.addFlags(cmd)
-	cmd.Flags().StringVar(&o.Version, "version", "", "The Kubernetes version to upgrade to, e.g. v1.36.3 (required)")
+	cmd.Flags().StringVar(&o.Request.Version, "version", "", "The Kubernetes version to upgrade to, e.g. v1.36.3 (required)")
 	return cmd
+}
+
+// Complete takes the cluster's name.
+func (o *UpgradeOptions) Complete(_ *cobra.Command, args []string) error {
+	o.Cluster = args[0]
+	return nil
 }
 
 // Validate checks the flags; it reads nothing but the options.
 func (o *UpgradeOptions) Validate() error {
-	if o.Version == "" {
+	if o.Request.Version == "" {
 		return exitcode.Usagef("--version is required, e.g. --version v1.36.3")
 	}
-	if _, err := rollout.ParseVersion(o.Version); err != nil {
+	if err := validateTarget(o.Request); err != nil {
 		return err
 	}
 	return o.validate()
-}
-
-// Run upgrades the control plane.
-func (o *UpgradeOptions) Run(cmd *cobra.Command) error {
-	return o.run(cmd.Context(), o.Streams, rollout.Request{Operation: "upgrade", Version: o.Version})
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 
@@ -16,23 +17,29 @@ type VersionOptions struct {
 	Streams genericiooptions.IOStreams
 }
 
-// NewCmdVersion returns the version verb.
-func NewCmdVersion(streams genericiooptions.IOStreams) *cobra.Command {
-	o := &VersionOptions{Output: "text", Streams: streams}
+// NewVersionOptions returns the version verb's defaults.
+func NewVersionOptions(streams genericiooptions.IOStreams) *VersionOptions {
+	return &VersionOptions{Output: "text", Streams: streams}
+}
+
+// NewCmdVersion returns the version verb. runF, when set, replaces Run, so
+// tests can see what the flags resolve to.
+func NewCmdVersion(streams genericiooptions.IOStreams, runF func(*VersionOptions) error) *cobra.Command {
+	o := NewVersionOptions(streams)
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the version, commit and build date",
 		Args:  usageArgs(cobra.NoArgs),
-		RunE: func(*cobra.Command, []string) error {
-			if err := o.Validate(); err != nil {
-				return err
-			}
-			return o.Run()
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runVerb(cmd, args, o, runF)
 		},
 	}
 	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text or json")
 	return cmd
 }
+
+// Complete has nothing to take in: version has no arguments.
+func (o *VersionOptions) Complete(*cobra.Command, []string) error { return nil }
 
 // Validate checks the flags; it reads nothing but the options.
 func (o *VersionOptions) Validate() error {
@@ -40,7 +47,7 @@ func (o *VersionOptions) Validate() error {
 }
 
 // Run prints the version to stdout.
-func (o *VersionOptions) Run() error {
+func (o *VersionOptions) Run(context.Context) error {
 	info := version.Get()
 	if o.Output == "json" {
 		enc := json.NewEncoder(o.Streams.Out)

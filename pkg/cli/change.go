@@ -1,0 +1,135 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/rollout"
+)
+
+// changeOptions are what the verbs that change a control plane (upgrade,
+// scale, replace) share: they differ only in the request.
+type changeOptions struct {
+	requestOptions
+	waitLimits
+	DryRun bool
+}
+
+func newChangeOptions(streams genericiooptions.IOStreams, operation string) changeOptions {
+	return changeOptions{requestOptions: newRequestOptions(streams, operation), waitLimits: newWaitLimits()}
+}
+
+func (o *changeOptions) addFlags(cmd *cobra.Command) {
+	f := cmd.Flags()
+	o.requestOptions.addFlags(f)
+	o.waitLimits.addFlags(f)
+	f.BoolVar(&o.DryRun, "dry-run", false, "Print the plan (as the plan verb does) and change nothing")
+}
+
+// validate checks the shared flags; it reads nothing but the options.
+func (o *changeOptions) validate() error {
+	if err := o.requestOptions.validate(); err != nil {
+		return err
+	}
+	if err := o.waitLimits.validate(); err != nil {
+		return err
+	}
+	if o.DryRun {
+		return nil // a plan does not look at the KCP controller
+	}
+	return o.validateKCPVersion()
+}
+
+// Run performs the request, or with --dry-run prints its plan.
+func (o *changeOptions) Run(ctx context.Context) error {
+	if o.DryRun {
+		_, err := o.printPlan(ctx)
+		return err
+	}
+	if o.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, o.Timeout,
+			exitcode.Timeoutf("%s %s did not finish within --timeout %s; re-run the same command to continue", o.Request.Operation, o.Cluster, o.Timeout))
+		defer cancel()
+	}
+	reporter := progress.New(o.Output, o.Streams.Out, o.Streams.ErrOut)
+	defer reporter.Stop()
+
+	err := o.converge(ctx, reporter)
+	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
+	if err != nil && ctx.Err() != nil {
+		fmt.Fprintf(o.Streams.ErrOut, "stopped; the KubeadmControlPlane stays paused with its operation record. Re-run the same command to continue, or `kubectl cp-rollout handback %s` to give control back to KCP.\n", o.Cluster)
+	}
+	return err
+}
+
+// converge connects, checks the request against the cluster and runs the
+// rollout loop until the control plane matches it.
+func (o *changeOptions) converge(ctx context.Context, reporter progress.Reporter) error {
+	engine, closeEngine, err := o.connect(ctx, engineUse{loop: true, reporter: reporter, timeouts: o.Timeouts})
+	if err != nil {
+		return err
+	}
+	defer closeEngine()
+	prepared, err := engine.Prepare(ctx, o.Request)
+	if err != nil {
+		return err
+	}
+	if prepared.NothingToDo != "" {
+		reporter.Report(progress.Event{Time: time.Now(), Cluster: o.Cluster, Namespace: o.Namespace, Action: o.Request.Operation,
+			Phase: progress.Done, Message: prepared.NothingToDo})
+		return nil
+	}
+	return engine.Run(ctx, prepared)
+}
+
+// waitLimits bound how long a run and each of its waits may take.
+type waitLimits struct {
+	Timeout  time.Duration // the whole run; 0: no limit
+	Timeouts rollout.Timeouts
+}
+
+func newWaitLimits() waitLimits {
+	return waitLimits{Timeouts: rollout.DefaultTimeouts}
+}
+
+func (l *waitLimits) addFlags(f *pflag.FlagSet) {
+	f.DurationVar(&l.Timeout, "timeout", l.Timeout, "Give up after this long in all (0: no overall limit; each wait has its own)")
+	f.DurationVar(&l.Timeouts.Provision, "provision-timeout", l.Timeouts.Provision, "How long a new machine may take to get a node")
+	f.DurationVar(&l.Timeouts.Health, "health-timeout", l.Timeouts.Health, "How long a new machine may take, once it has a node, to be healthy (node, static pods, etcd member)")
+	f.DurationVar(&l.Timeouts.Delete, "delete-timeout", l.Timeouts.Delete, "How long a machine may take to be deleted")
+	f.DurationVar(&l.Timeouts.Settle, "settle", l.Timeouts.Settle, "Pause after each new machine turns healthy, before the next step")
+}
+
+func (l *waitLimits) validate() error {
+	for _, d := range []struct {
+		flag  string
+		value time.Duration
+	}{
+		{"timeout", l.Timeout}, {"provision-timeout", l.Timeouts.Provision}, {"health-timeout", l.Timeouts.Health},
+		{"delete-timeout", l.Timeouts.Delete}, {"settle", l.Timeouts.Settle},
+	} {
+		if d.value < 0 {
+			return exitcode.Usagef("--%s must not be negative, not %s", d.flag, d.value)
+		}
+	}
+	return nil
+}
+
+// clusterArg checks the one positional argument, the Cluster's name.
+func clusterArg(cmd *cobra.Command, args []string) error {
+	if len(args) != 1 {
+		return exitcode.Usagef("%s needs exactly one argument, the Cluster's name; got %d", cmd.Name(), len(args))
+	}
+	return nil
+}

@@ -1,0 +1,318 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/rollout"
+)
+
+// These tests stop each verb at its runF seam: they show what a command line,
+// the environment and the config file resolve to, and never reach a cluster.
+
+// parse runs args through the whole command tree with the verb that newCmd
+// builds swapped in, its Run replaced by a capture. The options are nil when
+// the command failed before it would have run.
+func parse[O any](t *testing.T, newCmd func(*RootOptions, func(O) error) *cobra.Command, args ...string) (O, result) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	root, opts := newRootCmd(genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+	var got O
+	verb := newCmd(opts, func(o O) error { got = o; return nil })
+	for _, c := range root.Commands() {
+		if c.Name() == verb.Name() {
+			root.RemoveCommand(c)
+		}
+	}
+	root.AddCommand(verb)
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	return got, result{code: exitcode.Of(err), err: err, out: out.String(), log: errOut.String(), opts: opts}
+}
+
+// resolved is what a request verb's options say, in a form that compares and
+// prints by value.
+type resolved struct {
+	Cluster, Namespace, EtcdEndpoint, KCPVersion string
+	Operation, Version, Replace                  string
+	Replicas                                     string // "" when not asked for
+	MaxSurge                                     int32
+	Output                                       string
+	Timeout                                      time.Duration
+	Timeouts                                     rollout.Timeouts
+	DryRun, ExitCode                             bool
+}
+
+func resolvedRequest(r result, o *requestOptions) resolved {
+	v := resolved{
+		Cluster: o.Cluster, Namespace: *r.opts.ConfigFlags.Namespace, EtcdEndpoint: o.EtcdEndpoint, KCPVersion: o.KCPVersion,
+		Operation: o.Request.Operation, Version: o.Request.Version, Replace: o.Request.Replace,
+		MaxSurge: o.Request.MaxSurge, Output: o.Output,
+	}
+	if o.Request.Replicas != nil {
+		v.Replicas = fmt.Sprint(*o.Request.Replicas)
+	}
+	return v
+}
+
+// requestDefaults is what a request verb resolves to with nothing but its
+// cluster and operation.
+func requestDefaults(operation string) resolved {
+	return resolved{Cluster: "demo", Operation: operation, MaxSurge: -1, Output: "text", Timeouts: rollout.DefaultTimeouts}
+}
+
+// optionsCase is a command line, environment and config file, and how what
+// they resolve to differs from the verb's base.
+type optionsCase struct {
+	name   string
+	args   []string
+	env    map[string]string
+	config string
+	want   func(*resolved)
+}
+
+// checkOptions runs each case through verb and compares what its options
+// say, by way of view, with base as the case changes it.
+func checkOptions[O any](t *testing.T, verb string, newCmd func(*RootOptions, func(O) error) *cobra.Command,
+	view func(result, O) resolved, base resolved, cases []optionsCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			isolateWith(t, tc.config, tc.env)
+			o, r := parse(t, newCmd, append([]string{verb}, tc.args...)...)
+			if r.err != nil {
+				t.Fatalf("did not reach Run: %v", r.err)
+			}
+			want := base
+			if tc.want != nil {
+				tc.want(&want)
+			}
+			if got := view(r, o); got != want {
+				t.Errorf("resolved\n %+v\nwant\n %+v", got, want)
+			}
+		})
+	}
+}
+
+func viewChange(r result, c *changeOptions) resolved {
+	v := resolvedRequest(r, &c.requestOptions)
+	v.Timeout, v.Timeouts, v.DryRun = c.Timeout, c.Timeouts, c.DryRun
+	return v
+}
+
+// allRunFlags sets every flag that upgrade, scale and replace share.
+var allRunFlags = []string{
+	"--max-surge", "0", "--timeout", "1h", "--provision-timeout", "5m", "--health-timeout", "2m",
+	"--delete-timeout", "3m", "--settle", "10s", "-o", "json", "--dry-run",
+	"--etcd-endpoint", "https://{{.NodeIP}}:2379", "--kcp-version", "v1.14.2",
+}
+
+func withAllRunFlags(v *resolved) {
+	v.MaxSurge, v.Output, v.DryRun = 0, "json", true
+	v.Timeout = time.Hour
+	v.Timeouts = rollout.Timeouts{Provision: 5 * time.Minute, Health: 2 * time.Minute, Delete: 3 * time.Minute, Settle: 10 * time.Second}
+	v.EtcdEndpoint, v.KCPVersion = "https://{{.NodeIP}}:2379", "v1.14.2"
+}
+
+func TestUpgradeOptions(t *testing.T) {
+	base := requestDefaults("upgrade")
+	base.Version = "v1.36.3"
+	checkOptions(t, "upgrade", NewCmdUpgrade, func(r result, o *UpgradeOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
+		{name: "defaults", args: []string{"demo", "--version", "v1.36.3"}},
+		{name: "every flag", args: append([]string{"demo", "--version", "v1.36.3"}, allRunFlags...), want: withAllRunFlags},
+		{name: "namespace flag", args: []string{"demo", "--version", "v1.36.3", "-n", "capi"},
+			want: func(v *resolved) { v.Namespace = "capi" }},
+		{name: "environment", args: []string{"demo"},
+			env:  map[string]string{"CP_ROLLOUT_VERSION": "v1.36.3", "CP_ROLLOUT_MAX_SURGE": "0", "CP_ROLLOUT_NAMESPACE": "capi"},
+			want: func(v *resolved) { v.MaxSurge, v.Namespace = 0, "capi" }},
+		{name: "config file", args: []string{"demo", "--version", "v1.36.3"},
+			config: "health-timeout: 1m\nsettle: 30s\noutput: json\n",
+			want: func(v *resolved) {
+				v.Timeouts.Health, v.Timeouts.Settle, v.Output = time.Minute, 30*time.Second, "json"
+			}},
+		{name: "flag beats environment beats file", args: []string{"demo", "--version", "v1.36.3", "--settle", "3s"},
+			env: map[string]string{"CP_ROLLOUT_SETTLE": "2s", "CP_ROLLOUT_DELETE_TIMEOUT": "7m"}, config: "settle: 1s\ndelete-timeout: 9m\nprovision-timeout: 8m\n",
+			want: func(v *resolved) {
+				v.Timeouts.Settle, v.Timeouts.Delete, v.Timeouts.Provision = 3*time.Second, 7*time.Minute, 8*time.Minute
+			}},
+		// A dry run only plans, and a plan never looks at the KCP controller.
+		{name: "dry run may name any KCP version", args: []string{"demo", "--version", "v1.36.3", "--dry-run", "--kcp-version", "v1.13.0"},
+			want: func(v *resolved) { v.DryRun, v.KCPVersion = true, "v1.13.0" }},
+	})
+}
+
+func TestScaleOptions(t *testing.T) {
+	base := requestDefaults("scale")
+	base.Replicas = "3"
+	checkOptions(t, "scale", NewCmdScale, func(r result, o *ScaleOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
+		{name: "replicas", args: []string{"demo", "--replicas", "3"}},
+		{name: "every flag", args: append([]string{"demo", "--replicas", "3"}, allRunFlags...), want: withAllRunFlags},
+		{name: "one replica surging", args: []string{"demo", "--replicas", "1", "--max-surge", "1"},
+			want: func(v *resolved) { v.Replicas, v.MaxSurge = "1", 1 }},
+		// Whether 2 is allowed depends on the cluster's etcd.
+		{name: "even count left to the cluster", args: []string{"demo", "--replicas", "2", "--max-surge", "0"},
+			want: func(v *resolved) { v.Replicas, v.MaxSurge = "2", 0 }},
+		{name: "replicas from environment", args: []string{"demo"}, env: map[string]string{"CP_ROLLOUT_REPLICAS": "3"}},
+		{name: "replicas from config file", args: []string{"demo"}, config: "replicas: 3\n"},
+	})
+}
+
+func TestReplaceOptions(t *testing.T) {
+	base := requestDefaults("replace")
+	base.Replace = "demo-cp-x2k9"
+	checkOptions(t, "replace", NewCmdReplace, func(r result, o *ReplaceOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
+		{name: "machine", args: []string{"demo", "demo-cp-x2k9"}},
+		{name: "every flag", args: append([]string{"demo", "demo-cp-x2k9"}, allRunFlags...), want: withAllRunFlags},
+		{name: "namespace and surge from config file", args: []string{"demo", "demo-cp-x2k9"}, config: "namespace: capi\nmax-surge: 1\n",
+			want: func(v *resolved) { v.Namespace, v.MaxSurge = "capi", 1 }},
+	})
+}
+
+func TestPlanOptions(t *testing.T) {
+	base := requestDefaults("upgrade")
+	base.Version = "v1.36.3"
+	base.Timeouts = rollout.Timeouts{} // a plan carries no wait limits
+	view := func(r result, o *PlanOptions) resolved {
+		v := resolvedRequest(r, &o.requestOptions)
+		v.ExitCode = o.ExitCode
+		return v
+	}
+	checkOptions(t, "plan", NewCmdPlan, view, base, []optionsCase{
+		{name: "upgrade", args: []string{"demo", "--version", "v1.36.3"}},
+		{name: "scale", args: []string{"demo", "--replicas", "5", "-o", "json"},
+			want: func(v *resolved) { v.Operation, v.Version, v.Replicas, v.Output = "scale", "", "5", "json" }},
+		{name: "replace", args: []string{"demo", "--replace", "demo-cp-x2k9", "--max-surge", "0"},
+			want: func(v *resolved) { v.Operation, v.Version, v.Replace, v.MaxSurge = "replace", "", "demo-cp-x2k9", 0 }},
+		{name: "exit code and etcd endpoint", args: []string{"demo", "--version", "v1.36.3", "--exit-code", "--etcd-endpoint", "https://{{.NodeName}}:2379"},
+			want: func(v *resolved) { v.ExitCode, v.EtcdEndpoint = true, "https://{{.NodeName}}:2379" }},
+		// A changing verb's command line works with its verb swapped for plan.
+		{name: "run flags accepted", args: append([]string{"demo", "--version", "v1.36.3"}, allRunFlags...),
+			want: func(v *resolved) {
+				v.MaxSurge, v.Output = 0, "json"
+				v.EtcdEndpoint, v.KCPVersion = "https://{{.NodeIP}}:2379", "v1.14.2"
+			}},
+		{name: "target from config file", args: []string{"demo"}, config: "replicas: 3\n",
+			want: func(v *resolved) { v.Operation, v.Version, v.Replicas = "scale", "", "3" }},
+	})
+}
+
+func TestStatusOptions(t *testing.T) {
+	view := func(r result, o *StatusOptions) resolved {
+		return resolved{Cluster: o.Cluster, Namespace: *r.opts.ConfigFlags.Namespace, EtcdEndpoint: o.EtcdEndpoint, Output: o.Output}
+	}
+	checkOptions(t, "status", NewCmdStatus, view, resolved{Cluster: "demo", Output: "text"}, []optionsCase{
+		{name: "defaults", args: []string{"demo"}},
+		{name: "wide", args: []string{"demo", "-o", "wide", "--etcd-endpoint", "https://{{.NodeIP}}:2379"},
+			want: func(v *resolved) { v.Output, v.EtcdEndpoint = "wide", "https://{{.NodeIP}}:2379" }},
+		{name: "yaml from environment", args: []string{"demo", "-n", "capi"}, env: map[string]string{"CP_ROLLOUT_OUTPUT": "yaml"},
+			want: func(v *resolved) { v.Output, v.Namespace = "yaml", "capi" }},
+	})
+}
+
+func TestHandbackOptions(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		force bool
+	}{
+		{[]string{"demo"}, false},
+		{[]string{"demo", "--force"}, true},
+	} {
+		isolate(t)
+		o, r := parse(t, NewCmdHandback, append([]string{"handback"}, tc.args...)...)
+		if o == nil {
+			t.Fatalf("%v: did not reach Run: %v", tc.args, r.err)
+		}
+		if o.Cluster != "demo" || o.Force != tc.force || o.Management != r.opts.ConfigFlags {
+			t.Errorf("%v: cluster %q, force %v, management from the root's flags %v", tc.args, o.Cluster, o.Force, o.Management == r.opts.ConfigFlags)
+		}
+	}
+}
+
+func TestVersionAndCompletionOptions(t *testing.T) {
+	isolate(t)
+	version := func(root *RootOptions, runF func(*VersionOptions) error) *cobra.Command {
+		return NewCmdVersion(root.Streams, runF)
+	}
+	if o, r := parse(t, version, "version", "-o", "json"); o == nil || o.Output != "json" {
+		t.Errorf("version -o json: %+v, %v", o, r.err)
+	}
+	completion := func(root *RootOptions, runF func(*CompletionOptions) error) *cobra.Command {
+		return NewCmdCompletion(root.Streams, runF)
+	}
+	if o, r := parse(t, completion, "completion", "zsh"); o == nil || o.Shell != "zsh" || o.Tree.Name() != "kubectl-cp_rollout" {
+		t.Errorf("completion zsh: %+v, %v", o, r.err)
+	}
+}
+
+// The rows of test/e2e TestBadInputChangesNothing whose refusal follows from
+// the command line, the environment, the config file and the kubeconfig
+// alone, checked here without a cluster: same exit code, same reason.
+func TestBadInputRefusedBeforeAnyCluster(t *testing.T) {
+	const to = "v1.36.3"
+	badConfig := filepath.Join(t.TempDir(), "config.yaml")
+	writeConfig(t, badConfig, "namespace: default\n\tcontext: x\n")
+	for _, tc := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"upgrade", "demo", "--version", "1.36.3"}, 2, `must start with "v"`},
+		{[]string{"upgrade", "demo", "--version", "v1.36"}, 2, "not a semantic version"},
+		{[]string{"upgrade", "demo", "--version", "vlatest"}, 2, "not a semantic version"},
+		{[]string{"upgrade", "demo", "--version", "v1.36.3.1"}, 2, "not a semantic version"},
+		{[]string{"upgrade", "demo"}, 2, "--version is required"},
+		{[]string{"upgrade", "demo", "--version", to, "--max-surge", "2"}, 2, "--max-surge must be 0 or 1"},
+		{[]string{"upgrade", "demo", "--version", to, "--health-timeout", "-1m"}, 2, "must not be negative"},
+		{[]string{"upgrade", "demo", "--version", to, "--etcd-endpoint", "https://{{.Nope}}:2379"}, 2, "--etcd-endpoint"},
+		{[]string{"scale", "demo", "--replicas", "0"}, 2, "at least 1"},
+		{[]string{"scale", "demo", "--replicas", "-1"}, 2, "at least 1"},
+		{[]string{"scale", "demo"}, 2, "--replicas is required"},
+		{[]string{"scale", "demo", "--replicas", "1", "--max-surge", "0"}, 2, "--max-surge 0 needs at least 3"},
+		{[]string{"replace", "demo"}, 2, "two arguments"},
+		{[]string{"plan", "demo", "--version", to, "--replicas", "3"}, 2, "not several"},
+		{[]string{"plan", "demo"}, 2, "needs one of --version, --replicas or --replace"},
+		{[]string{"upgrade", "demo", "--version", to, "--context", "no-such-context"}, 2, "no-such-context"},
+		{[]string{"upgrade", "demo", "--version", to, "--kcp-version", "v1.13.2"}, 3, "supports v1.14.x"},
+		{[]string{"upgrade", "demo", "--version", to, "--config", badConfig}, 2, "line 2"},
+		{[]string{"upgarde", "demo"}, 2, "unknown command"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			isolate(t)
+			r := run(t, tc.args...)
+			if r.code != tc.code {
+				t.Fatalf("exit code %d, want %d (err: %v)", r.code, tc.code, r.err)
+			}
+			if msg := r.err.Error(); !strings.Contains(msg, tc.says) || strings.Contains(msg, "\n") {
+				t.Fatalf("error %q: want one line containing %q", msg, tc.says)
+			}
+			if r.out != "" || r.log != "" {
+				t.Fatalf("refusal printed: stdout %q, stderr %q", r.out, r.log)
+			}
+		})
+	}
+}
+
+// The same flags that the change verbs refuse, plan and status refuse too.
+func TestSharedFlagsRefusedByEveryVerb(t *testing.T) {
+	isolate(t)
+	for _, args := range [][]string{
+		{"plan", "demo", "--replicas", "1", "--max-surge", "0"},
+		{"plan", "demo", "--version", "v1.36.3", "--etcd-endpoint", "http://{{.NodeIP}}"},
+		{"plan", "demo", "--version", "v1.36.3", "--settle", "-1s"},
+		{"status", "demo", "--etcd-endpoint", "https://{{.Nope}}"},
+		{"replace", "demo", "m", "--kcp-version", "latest"},
+	} {
+		if r := run(t, args...); r.code != exitcode.Usage && r.code != exitcode.Unsafe {
+			t.Errorf("%v: exit %d (err: %v), want a refusal", args, r.code, r.err)
+		}
+	}
+}
