@@ -23,6 +23,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
@@ -35,6 +36,7 @@ func TestMain(m *testing.M) { simtest.Main(m) }
 // deletion carried through by KCP once unpaused, KCP's replacement, and a
 // clean shutdown.
 func TestControlPlaneLifecycle(t *testing.T) {
+	t.Parallel()
 	s := simtest.Start(t, sim.Options{Replicas: 3, ProvisionDelay: 500 * time.Millisecond, DeleteDelay: 200 * time.Millisecond}).Sim
 	ctx := context.Background()
 	c := s.ManagementClient()
@@ -206,6 +208,7 @@ func setKCPPaused(t *testing.T, c client.Client, key client.ObjectKey, paused bo
 // TestCapacityHoldsBackSurgeMachine: with every slot taken, an extra machine
 // stays unprovisioned until a slot frees.
 func TestCapacityHoldsBackSurgeMachine(t *testing.T) {
+	t.Parallel()
 	s := simtest.Start(t, sim.Options{Replicas: 1, Capacity: 1, WithoutKCP: true}).Sim
 	ctx := context.Background()
 	c := s.ManagementClient()
@@ -217,7 +220,7 @@ func TestCapacityHoldsBackSurgeMachine(t *testing.T) {
 	if err := c.Get(ctx, s.KCPKey(), kcp); err != nil {
 		t.Fatal(err)
 	}
-	surge, err := sim.CreateMachineAsKCP(ctx, c, cluster, kcp, true)
+	surge, err := controlplane.New(c, cluster.Namespace, cluster.Name).CreateMachine(ctx, kcp, cluster, "", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,6 +262,7 @@ func TestCapacityHoldsBackSurgeMachine(t *testing.T) {
 // server; the management API server can restart under the controllers; and a
 // new spec.version makes the real KCP roll every machine.
 func TestKCPOnItsOwn(t *testing.T) {
+	t.Parallel()
 	s := simtest.Start(t, sim.Options{Replicas: 3, ProvisionDelay: 200 * time.Millisecond, DeleteDelay: 200 * time.Millisecond}).Sim
 	ctx := context.Background()
 	c := s.ManagementClient()
@@ -414,6 +418,7 @@ func portForward(t *testing.T, cfg *rest.Config, pod string, port int) (string, 
 // TestFaults: the fault hooks act on the simulated hosts and the simulator's
 // own readiness check sees them.
 func TestFaults(t *testing.T) {
+	t.Parallel()
 	s := simtest.Start(t, sim.Options{Replicas: 3, WithoutKCP: true}).Sim
 	ctx := context.Background()
 	c := s.ManagementClient()
@@ -480,7 +485,7 @@ func TestFaults(t *testing.T) {
 		if err := c.Get(ctx, s.KCPKey(), kcp); err != nil {
 			t.Fatal(err)
 		}
-		stuck, err := sim.CreateMachineAsKCP(ctx, c, cluster, kcp, true)
+		stuck, err := controlplane.New(c, cluster.Namespace, cluster.Name).CreateMachine(ctx, kcp, cluster, "", true)
 		if err != nil {
 			t.Fatal(err)
 		}
