@@ -23,6 +23,7 @@ var fullKillMatrix = os.Getenv("CP_ROLLOUT_FULL_KILL_MATRIX") != ""
 // Throughout, the invariant monitor watches; at the end the control plane has
 // converged with no orphan left.
 func TestKillMatrix(t *testing.T) {
+	t.Parallel()
 	for _, sc := range []struct {
 		name       string
 		opts       sim.Options
@@ -53,6 +54,7 @@ func TestKillMatrix(t *testing.T) {
 			if sc.extended && !fullKillMatrix {
 				t.Skip("in the full matrix only: make test-faults")
 			}
+			t.Parallel()
 			opts := sc.opts
 			opts.Version, opts.ProvisionDelay, opts.DeleteDelay = from, time.Second, 500*time.Millisecond
 			e := simtest.Start(t, opts)

@@ -17,7 +17,8 @@ import (
 // The etcd package against the simulator: through the workload API server's
 // pods/portforward (as in production) and directly at each node's address.
 func TestEtcdThroughTheSimulator(t *testing.T) {
-	e := fastSim(t, 3)
+	t.Parallel()
+	e := readOnly.Use(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c := e.Sim.ManagementClient()

@@ -19,6 +19,7 @@ import (
 // An etcd member stopped before the run: refused before anything changes,
 // exit 3, naming the member.
 func TestStoppedMemberRefused(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -40,6 +41,7 @@ func TestStoppedMemberRefused(t *testing.T) {
 
 // Two runs at once: the second exits 5 naming the first.
 func TestSecondRunLocked(t *testing.T) {
+	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 3 * time.Second, DeleteDelay: time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -58,6 +60,7 @@ func TestSecondRunLocked(t *testing.T) {
 // A replacement that never provisions: exit 4 naming the machine and what it
 // waits for; the old machines are intact.
 func TestReplacementNeverProvisions(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -102,6 +105,7 @@ func TestReplacementNeverProvisions(t *testing.T) {
 // and the address it could not reach; once it answers again, a re-run
 // finishes.
 func TestWorkloadAPIServerUnreachable(t *testing.T) {
+	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 3 * time.Second, DeleteDelay: time.Second})
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -146,6 +150,7 @@ func TestWorkloadAPIServerUnreachable(t *testing.T) {
 // leaving the KCP paused with its record; once the Lease is free, a re-run
 // finishes.
 func TestLeaseLostMidRun(t *testing.T) {
+	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -186,6 +191,7 @@ func TestLeaseLostMidRun(t *testing.T) {
 // The management API server restarts while the tool waits: it reconnects and
 // finishes.
 func TestManagementAPIServerRestart(t *testing.T) {
+	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

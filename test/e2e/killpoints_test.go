@@ -135,6 +135,7 @@ func (g *gate) open() {
 // Killed between creating a replacement's InfraMachine and KubeadmConfig and
 // creating its Machine: the re-run deletes the two orphans and finishes.
 func TestKillBeforeMachineCreate(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -173,6 +174,7 @@ func TestKillBeforeMachineCreate(t *testing.T) {
 // holder) until its Lease expires; then one releases the machine (there is no
 // member left to remove) and finishes.
 func TestKillBetweenMemberRemovalAndRelease(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -233,6 +235,7 @@ func TestKillBetweenMemberRemovalAndRelease(t *testing.T) {
 // controller's pre-drain hook holds it): a re-run waits in that stage and
 // times out naming it (exit 4); once the hook is gone, a re-run finishes.
 func TestKillBeforePreTerminateAndStuckDeletion(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

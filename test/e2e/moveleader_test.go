@@ -46,6 +46,7 @@ func (f *failFirstMove) ForwardLeadership(ctx context.Context, nodes []etcd.Node
 // watches, which only shorten waits) because the fault is injected into its
 // etcd client.
 func TestMoveLeaderFallsBackToNextCandidate(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

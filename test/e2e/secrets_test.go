@@ -24,6 +24,7 @@ import (
 // a status, run with a home, temp, cache and config directory of their own,
 // leave no key material in any of them nor in their output.
 func TestNoKeyMaterialWrittenOrPrinted(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -20,6 +20,7 @@ const (
 )
 
 func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
+	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 2 * time.Second, DeleteDelay: time.Second})
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -50,6 +51,7 @@ func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 }
 
 func TestUpgradeThreeReplicasSurgeZero(t *testing.T) {
+	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 2 * time.Second, DeleteDelay: time.Second})
 	mon := watchInvariants(t, e, 3, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -64,6 +66,7 @@ func TestUpgradeThreeReplicasSurgeZero(t *testing.T) {
 
 // The scenario of CAPI issue 2915: one replica, room for one more machine.
 func TestUpgradeOneReplicaCapacityTwo(t *testing.T) {
+	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 1, Version: from, Capacity: 2, ProvisionDelay: 2 * time.Second, DeleteDelay: time.Second})
 	mon := watchInvariants(t, e, 2, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -79,6 +82,7 @@ func TestUpgradeOneReplicaCapacityTwo(t *testing.T) {
 // An upgrade started while a control-plane machine is deleting finishes that
 // deletion first, and never counts the deleting machine as one to replace.
 func TestUpgradeWaitsForDeletingMachine(t *testing.T) {
+	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 2 * time.Second, DeleteDelay: 3 * time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

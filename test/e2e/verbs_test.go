@@ -24,9 +24,17 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
-func fastSim(t *testing.T, replicas int32) *env {
-	return simtest.Start(t, sim.Options{Replicas: replicas, Version: from, ProvisionDelay: time.Second, DeleteDelay: 500 * time.Millisecond})
+// fastOptions is a simulator whose machines come and go within a second or two.
+func fastOptions(replicas int32) sim.Options {
+	return sim.Options{Replicas: replicas, Version: from, ProvisionDelay: time.Second, DeleteDelay: 500 * time.Millisecond}
 }
+
+func fastSim(t *testing.T, replicas int32) *env { return simtest.Start(t, fastOptions(replicas)) }
+
+// readOnly is the simulator of the scenarios that change no Cluster, KCP or
+// Machine (leadership may move): they take it in turn instead of starting one
+// each, which costs half a minute of both cores.
+var readOnly = simtest.NewShared(fastOptions(3))
 
 // versions records the resourceVersion of the Cluster, the KCP and every
 // Machine: equal before and after means nothing was changed.
@@ -101,6 +109,7 @@ func assertUnchanged(t *testing.T, before, after map[string]string) {
 }
 
 func TestScaleUpThenDown(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -121,6 +130,7 @@ func TestScaleUpThenDown(t *testing.T) {
 }
 
 func TestReplaceOneMachine(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -155,7 +165,8 @@ func TestReplaceOneMachine(t *testing.T) {
 }
 
 func TestPlanExitCodeAndDryRunChangeNothing(t *testing.T) {
-	e := fastSim(t, 3)
+	t.Parallel()
+	e := readOnly.Use(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	before := quietVersions(t, e)
@@ -189,6 +200,7 @@ func TestPlanExitCodeAndDryRunChangeNothing(t *testing.T) {
 }
 
 func TestBadInputChangesNothing(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -409,6 +421,7 @@ func kcpOf(t *testing.T, e *env) *controlplanev1.KubeadmControlPlane {
 }
 
 func TestStatusDuringUpgrade(t *testing.T) {
+	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -473,6 +486,7 @@ func TestStatusDuringUpgrade(t *testing.T) {
 // its record and the lock released; handback gives control to KCP, which
 // finishes the rollout by itself, never beyond replicas + 1.
 func TestHandbackAfterInterruptedUpgrade(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	mon := watchInvariants(t, e, 4, 2)
 	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
@@ -516,6 +530,7 @@ func allAt(t *testing.T, e *env, version string) bool {
 
 // Interrupted at any point, the same command finishes the job.
 func TestInterruptAndResume(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	mon := watchInvariants(t, e, 4, 2)
 	for _, at := range []func(map[string]any) bool{

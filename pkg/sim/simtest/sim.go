@@ -26,6 +26,13 @@ import (
 // on an idle two-core machine, several times that when the machine is busy.
 const startTimeout = 3 * time.Minute
 
+// starting admits two simulator start-ups at a time. Starting two API servers
+// and their CRDs keeps both cores busy for several seconds, while a running
+// scenario mostly waits: parallel tests overlap their scenarios, and this
+// keeps a burst of them from starting a dozen API servers at once, each then
+// too slow for envtest's start-up timeout.
+var starting = make(chan struct{}, 2)
+
 // Env is a running simulator and a kubeconfig file for its management cluster
 // whose current context is the Cluster's namespace, so kubectl and the plugin
 // find the Cluster without flags.
@@ -110,10 +117,12 @@ func start(t testing.TB, opts sim.Options, dir string) (*Env, func() error, erro
 	if opts.Log.GetSink() == nil {
 		opts.Log = Logger()
 	}
+	starting <- struct{}{}
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	began := time.Now()
 	s, err := sim.Start(ctx, opts)
+	<-starting
 	if err != nil {
 		return nil, nil, fmt.Errorf("starting the simulator: %w", err)
 	}
