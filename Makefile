@@ -15,6 +15,12 @@ CACHE_DIR      ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cp-rollout
 GORELEASER_VER := v2.15.1
 GORELEASER     := $(CACHE_DIR)/tools/goreleaser-$(GORELEASER_VER)/goreleaser
 TEST_TIMEOUT   ?= 45m
+# Tests run in parallel this many at a time within a package (go test's
+# -parallel, GOMAXPROCS by default). Simulator scenarios mostly wait on
+# provisioning delays, etcd's health interval and Lease expiry, so more of them
+# than cores fit; the simulator start-ups, which do not wait, are limited to
+# two at a time by pkg/sim/simtest.
+TEST_PARALLEL  ?= 4
 
 .PHONY: all build demo sim test test-faults bench envtest lint release-check clean
 all: build
@@ -38,11 +44,11 @@ envtest:
 	@hack/envtest-binaries.sh >/dev/null
 
 test: lint ## everything CI runs
-	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) ./...
 
 test-faults: ## the fault, crash and bad-input suite, with SIGKILL at every step boundary (about 25 minutes)
 	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) CP_ROLLOUT_FULL_KILL_MATRIX=1 \
-		$(GO) test -count=1 -timeout 90m -v ./test/e2e \
+		$(GO) test -count=1 -timeout 90m -parallel $(TEST_PARALLEL) -v ./test/e2e \
 		-run 'TestKill|Fault|Unreachable|Lease|Never|Stopped|SecondRun|Restart|MoveLeader|BadInput|Interrupt|Handback|NoKeyMaterial'
 
 bench: ## time the tool's upgrade against the real KCP's on the simulator; figures in bench/upgrade.json

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // testCluster is a real etcd cluster of embedded members, one per simulated node, each on
@@ -19,20 +20,20 @@ type testCluster struct {
 	t       *testing.T
 	caCert  []byte
 	caKey   []byte
-	subnet  string
+	prefix  string
 	members map[string]*member.Member
 	nodes   []etcd.Node
 }
 
-// newTestCluster starts n members on 127.<subnet>.N. Each test uses its own subnet so
-// tests (and other packages') never collide on the fixed ports.
-func newTestCluster(t *testing.T, subnet string, n int, opts ...func(*member.Config)) *testCluster {
+// newTestCluster starts n members on a loopback /24 of the test's own, so tests (and
+// other packages') never collide on the fixed ports.
+func newTestCluster(t *testing.T, n int, opts ...func(*member.Config)) *testCluster {
 	t.Helper()
 	caCert, caKey, err := member.NewCA()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc := &testCluster{t: t, caCert: caCert, caKey: caKey, subnet: subnet, members: map[string]*member.Member{}}
+	tc := &testCluster{t: t, caCert: caCert, caKey: caKey, prefix: simtest.AddressPrefix(t), members: map[string]*member.Member{}}
 	for i := range n {
 		tc.start(fmt.Sprintf("node-%c", 'a'+i), opts...)
 	}
@@ -40,7 +41,7 @@ func newTestCluster(t *testing.T, subnet string, n int, opts ...func(*member.Con
 }
 
 func (tc *testCluster) ip(name string) string {
-	return fmt.Sprintf("127.%s.%d", tc.subnet, 2+int(name[len(name)-1]-'a'))
+	return fmt.Sprintf("%s.%d", tc.prefix, 2+int(name[len(name)-1]-'a'))
 }
 
 // start starts the member of node name, joining the running ones.

@@ -183,7 +183,7 @@ func TestLoadCredentialsFromEtcdCASecret(t *testing.T) {
 func TestServerCertificateFromAnotherCARejected(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	tc := newTestCluster(t, "89.0", 1)
+	tc := newTestCluster(t, 1)
 	otherCert, otherKey, err := member.NewCA()
 	if err != nil {
 		t.Fatal(err)

@@ -17,10 +17,10 @@ func strictReconfig(c *member.Config) { c.RelaxedReconfigCheck = false }
 
 func TestMembersOfOneThreeAndFiveMemberClusters(t *testing.T) {
 	t.Parallel()
-	for i, size := range []int{1, 3, 5} {
+	for _, size := range []int{1, 3, 5} {
 		t.Run(fmt.Sprintf("%d members", size), func(t *testing.T) {
 			ctx := testContext(t)
-			tc := newTestCluster(t, fmt.Sprintf("81.%d", i), size)
+			tc := newTestCluster(t, size)
 			members := mustMembers(t, ctx, tc.client(), tc.nodes)
 			if len(members) != size {
 				t.Fatalf("listed %d members, want %d: %v", len(members), size, members)
@@ -53,7 +53,7 @@ func TestMembersOfOneThreeAndFiveMemberClusters(t *testing.T) {
 func TestMoveLeaderToChosenMember(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	tc := newTestCluster(t, "82.0", 3)
+	tc := newTestCluster(t, 3)
 	c := tc.client()
 	members := mustMembers(t, ctx, c, tc.nodes)
 	leader, ok := etcd.Leader(members)
@@ -101,7 +101,7 @@ func TestMoveLeaderToChosenMember(t *testing.T) {
 func TestRemoveMemberGoneFromEveryList(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	tc := newTestCluster(t, "83.0", 3, strictReconfig)
+	tc := newTestCluster(t, 3, strictReconfig)
 	c := tc.client()
 	members := mustMembers(t, ctx, c, tc.nodes)
 	leader, _ := etcd.Leader(members)
@@ -139,7 +139,7 @@ func TestRemoveMemberGoneFromEveryList(t *testing.T) {
 func TestRemoveLastMemberRefused(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	tc := newTestCluster(t, "84.0", 1)
+	tc := newTestCluster(t, 1)
 	c := tc.client()
 	only := mustMembers(t, ctx, c, tc.nodes)[0]
 	if err := c.RemoveMember(ctx, tc.nodes, only.ID); !errors.Is(err, etcd.ErrLastMember) || !strings.Contains(err.Error(), "node-a") {
@@ -153,7 +153,7 @@ func TestRemoveLastMemberRefused(t *testing.T) {
 func TestStoppedMemberUnhealthyAndSecondRemovalRefused(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	tc := newTestCluster(t, "85.0", 3, strictReconfig)
+	tc := newTestCluster(t, 3, strictReconfig)
 	c := tc.client()
 	members := mustMembers(t, ctx, c, tc.nodes)
 	leader, _ := etcd.Leader(members)
@@ -195,7 +195,7 @@ func TestStoppedMemberUnhealthyAndSecondRemovalRefused(t *testing.T) {
 func TestLearnerAndUnstartedMemberNeverLead(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	tc := newTestCluster(t, "86.0", 2)
+	tc := newTestCluster(t, 2)
 	c := tc.client()
 	learner := tc.start("node-c", func(cfg *member.Config) { cfg.StayLearner = true })
 
@@ -253,7 +253,7 @@ func checkNeverCandidate(t *testing.T, members []etcd.Member, id uint64) {
 func TestAlarmReported(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	tc := newTestCluster(t, "87.0", 2)
+	tc := newTestCluster(t, 2)
 	// A member whose backend quota is already exceeded raises NOSPACE on the next write
 	// it receives, as a member whose disk fills up does.
 	full := tc.start("node-c", func(cfg *member.Config) { cfg.QuotaBackendBytes = 1 })

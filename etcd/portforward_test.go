@@ -125,7 +125,7 @@ func portForwardClient(t *testing.T, tc *testCluster, s *fakeAPIServer) *etcd.Cl
 func TestPortForwardOverWebSocketReachesEveryMember(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	tc := newTestCluster(t, "88.0", 3)
+	tc := newTestCluster(t, 3)
 	server := newFakeAPIServer(t, tc, true)
 	c := portForwardClient(t, tc, server)
 
@@ -151,7 +151,7 @@ func TestPortForwardOverWebSocketReachesEveryMember(t *testing.T) {
 func TestPortForwardFallsBackToSPDY(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	tc := newTestCluster(t, "88.1", 1)
+	tc := newTestCluster(t, 1)
 	server := newFakeAPIServer(t, tc, false)
 	c := portForwardClient(t, tc, server)
 	if m := mustMembers(t, ctx, c, tc.nodes)[0]; !m.Healthy {
@@ -165,7 +165,7 @@ func TestPortForwardFallsBackToSPDY(t *testing.T) {
 func TestPortForwardToPodWithoutMemberNamesIt(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	tc := newTestCluster(t, "88.2", 1)
+	tc := newTestCluster(t, 1)
 	server := newFakeAPIServer(t, tc, true)
 	dialer, err := etcd.NewPortForwardDialer(server.restConfig())
 	if err != nil {

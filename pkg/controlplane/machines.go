@@ -33,15 +33,23 @@ const kcpManager = "capi-kubeadmcontrolplane"
 // Machine referencing both. If a later piece fails, the earlier ones are
 // deleted so no orphan is left behind.
 func (c *Client) CreateReplacement(ctx context.Context, cp *pkg.ControlPlane, failureDomain string) (*clusterv1.Machine, error) {
-	machine, err := desiredstate.ComputeDesiredMachine(cp.KCP, cp.Cluster, failureDomain, nil)
+	return c.CreateMachine(ctx, cp.KCP, cp.Cluster, failureDomain, true)
+}
+
+// CreateMachine is CreateReplacement for a control plane that may not exist
+// yet: isJoin false gives the init KubeadmConfig of a cluster's first machine.
+// The simulator builds its initial machines with it, so that what a test
+// starts from is made by the same code as what the tool adds.
+func (c *Client) CreateMachine(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, cluster *clusterv1.Cluster, failureDomain string, isJoin bool) (*clusterv1.Machine, error) {
+	machine, err := desiredstate.ComputeDesiredMachine(kcp, cluster, failureDomain, nil)
 	if err != nil {
-		return nil, fmt.Errorf("computing the replacement machine: %w", err)
+		return nil, fmt.Errorf("computing the new machine: %w", err)
 	}
-	infra, err := desiredstate.ComputeDesiredInfraMachine(ctx, c.c, cp.KCP, cp.Cluster, machine.Name, nil)
+	infra, err := desiredstate.ComputeDesiredInfraMachine(ctx, c.c, kcp, cluster, machine.Name, nil)
 	if err != nil {
 		return nil, fmt.Errorf("computing the InfraMachine for %s: %w", machine.Name, err)
 	}
-	config, err := desiredstate.ComputeDesiredKubeadmConfig(cp.KCP, cp.Cluster, true, machine.Name, nil)
+	config, err := desiredstate.ComputeDesiredKubeadmConfig(kcp, cluster, isJoin, machine.Name, nil)
 	if err != nil {
 		return nil, fmt.Errorf("computing the KubeadmConfig for %s: %w", machine.Name, err)
 	}

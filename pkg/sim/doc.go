@@ -28,7 +28,8 @@
 //     nodeDeletionTimeoutSeconds comes through the KCP machine template, and
 //     ValidateKCP runs the KCP webhook's validation for tests;
 //   - the initial machines are created at once with KCP's own desiredstate
-//     code and field owner (CreateMachineAsKCP), where KCP would add them one
+//     code and field owner (the tool's controlplane.CreateMachine, the code
+//     that creates its replacements), where KCP would add them one
 //     by one;
 //   - KCP reads the kube-apiserver serving certificate's expiry through a
 //     port-forward to kube-apiserver-<node>:6443; a small TLS endpoint with a

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"strconv"
@@ -12,7 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -20,11 +18,12 @@ import (
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg/desiredstate"
 	kcpadmission "sigs.k8s.io/cluster-api/controlplane/kubeadm/webhooks/admission"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/cluster-api/util/test/builder"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 )
 
 const (
@@ -39,10 +38,6 @@ const (
 	coreControllerNamespace  = "capi-system"
 	coreControllerDeployment = "capi-controller-manager"
 	coreControllerImage      = "registry.k8s.io/cluster-api/cluster-api-controller:v1.14.2"
-
-	// kcpFieldManager is the field owner KCP creates machines with; the initial
-	// machines use it so that KCP, and the tool, see them as KCP's own.
-	kcpFieldManager = "capi-kubeadmcontrolplane"
 
 	// defaultNodeDeletionTimeoutSeconds is what the Machine webhook defaults
 	// spec.deletion.nodeDeletionTimeoutSeconds to; no webhook runs here.
@@ -343,13 +338,13 @@ func (s *Sim) markClusterInitialized(ctx context.Context) error {
 	return nil
 }
 
-// createInitialMachines creates the KCP's replicas exactly as KCP's
-// cloneConfigsAndGenerateMachine does — desired InfraMachine, KubeadmConfig
-// (init for the first, join for the rest) and Machine from KCP's own
-// desiredstate package, applied with KCP's field owner — but all at once:
-// KCP would add them one by one, each waiting for the previous one to be
-// healthy, which makes start-up several times slower without testing
-// anything the tool does.
+// createInitialMachines creates the KCP's replicas with the tool's own
+// controlplane.CreateMachine — KCP's desiredstate for the InfraMachine,
+// KubeadmConfig (init for the first, join for the rest) and Machine, applied
+// with KCP's field owner, exactly as KCP's cloneConfigsAndGenerateMachine —
+// but all at once: KCP would add them one by one, each waiting for the
+// previous one to be healthy, which makes start-up several times slower
+// without testing anything the tool does.
 func (s *Sim) createInitialMachines(ctx context.Context) error {
 	cluster := &clusterv1.Cluster{}
 	if err := s.mgmt.Get(ctx, s.ClusterKey(), cluster); err != nil {
@@ -359,132 +354,13 @@ func (s *Sim) createInitialMachines(ctx context.Context) error {
 	if err := s.mgmt.Get(ctx, s.KCPKey(), kcp); err != nil {
 		return err
 	}
+	cp := controlplane.New(s.mgmt, s.opts.Namespace, s.opts.ClusterName)
 	for i := int32(0); i < s.opts.Replicas; i++ {
-		if _, err := CreateMachineAsKCP(ctx, s.mgmt, cluster, kcp, i > 0); err != nil {
+		if _, err := cp.CreateMachine(ctx, kcp, cluster, "", i > 0); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// CreateMachineAsKCP creates one control-plane Machine with its InfraMachine
-// and KubeadmConfig the way KCP does, and returns the Machine. isJoin selects a
-// join KubeadmConfig rather than the init one of a cluster's first machine.
-func CreateMachineAsKCP(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, isJoin bool) (*clusterv1.Machine, error) {
-	machine, err := desiredstate.ComputeDesiredMachine(kcp, cluster, "", nil)
-	if err != nil {
-		return nil, err
-	}
-	infraMachine, err := desiredstate.ComputeDesiredInfraMachine(ctx, c, kcp, cluster, machine.Name, nil)
-	if err != nil {
-		return nil, err
-	}
-	if err := apply(ctx, c, infraMachine); err != nil {
-		return nil, fmt.Errorf("creating InfraMachine %s: %w", machine.Name, err)
-	}
-	if err := dropMetadataOwnership(ctx, c, infraMachine); err != nil {
-		_ = c.Delete(ctx, infraMachine)
-		return nil, fmt.Errorf("creating InfraMachine %s: %w", machine.Name, err)
-	}
-	machine.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
-		APIGroup: infraMachine.GroupVersionKind().Group,
-		Kind:     infraMachine.GetKind(),
-		Name:     infraMachine.GetName(),
-	}
-	config, err := desiredstate.ComputeDesiredKubeadmConfig(kcp, cluster, isJoin, machine.Name, nil)
-	if err != nil {
-		return nil, err
-	}
-	if err := apply(ctx, c, config); err == nil {
-		err = dropMetadataOwnership(ctx, c, config)
-	}
-	if err != nil {
-		_ = c.Delete(ctx, infraMachine)
-		_ = c.Delete(ctx, config)
-		return nil, fmt.Errorf("creating KubeadmConfig %s: %w", machine.Name, err)
-	}
-	machine.Spec.Bootstrap.ConfigRef = clusterv1.ContractVersionedObjectReference{
-		APIGroup: bootstrapv1.GroupVersion.Group,
-		Kind:     "KubeadmConfig",
-		Name:     config.Name,
-	}
-	if err := apply(ctx, c, machine); err != nil {
-		_ = c.Delete(ctx, infraMachine)
-		_ = c.Delete(ctx, config)
-		return nil, fmt.Errorf("creating Machine %s: %w", machine.Name, err)
-	}
-	return machine, nil
-}
-
-// apply server-side applies obj as KCP's field manager, as KCP's ssa.Patch
-// does, and updates obj from the response.
-func apply(ctx context.Context, c client.Client, obj client.Object) error {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		gvk, err := c.GroupVersionKindFor(obj)
-		if err != nil {
-			return err
-		}
-		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
-		if err != nil {
-			return err
-		}
-		u = &unstructured.Unstructured{Object: m}
-		u.SetGroupVersionKind(gvk)
-	}
-	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
-	unstructured.RemoveNestedField(u.Object, "status")
-	if err := c.Patch(ctx, u, client.Apply, client.FieldOwner(kcpFieldManager), client.ForceOwnership); err != nil { //nolint:staticcheck // KCP applies unstructured objects the same way.
-		return err
-	}
-	if u != obj {
-		return runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj)
-	}
-	return nil
-}
-
-// dropMetadataOwnership gives up KCP's field manager's claim on the labels
-// and annotations of an object it just created, as KCP does right after
-// creating an InfraMachine or KubeadmConfig: its metadata field manager owns
-// them from then on, so a label removed from the KCP machine template is
-// removed from the object too. Server-side apply cannot drop a claim, so the
-// managedFields entry is edited and written back with a merge patch.
-func dropMetadataOwnership(ctx context.Context, c client.Client, obj client.Object) error {
-	base := obj.DeepCopyObject().(client.Object)
-	fields := obj.GetManagedFields()
-	changed := false
-	for i, entry := range fields {
-		if entry.Manager != kcpFieldManager || entry.Operation != metav1.ManagedFieldsOperationApply || entry.Subresource != "" || entry.FieldsV1 == nil {
-			continue
-		}
-		owned := map[string]any{}
-		if err := json.Unmarshal(entry.FieldsV1.Raw, &owned); err != nil {
-			return err
-		}
-		metadata, _ := owned["f:metadata"].(map[string]any)
-		if metadata == nil {
-			continue
-		}
-		for _, k := range []string{"f:labels", "f:annotations"} {
-			if _, ok := metadata[k]; ok {
-				delete(metadata, k)
-				changed = true
-			}
-		}
-		if len(metadata) == 0 {
-			delete(owned, "f:metadata")
-		}
-		raw, err := json.Marshal(owned)
-		if err != nil {
-			return err
-		}
-		fields[i].FieldsV1 = &metav1.FieldsV1{Raw: raw}
-	}
-	if !changed {
-		return nil
-	}
-	obj.SetManagedFields(fields)
-	return c.Patch(ctx, obj, client.MergeFrom(base))
 }
 
 func ensureNamespace(ctx context.Context, c client.Client, name string) error {

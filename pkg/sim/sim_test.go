@@ -7,20 +7,15 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
-	"k8s.io/klog/v2"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
@@ -28,77 +23,12 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
-func TestMain(m *testing.M) {
-	logger := logr.Discard()
-	if os.Getenv("SIM_LOG") != "" {
-		logger = funcr.New(func(prefix, args string) {
-			fmt.Fprintf(os.Stderr, "%s %s %s\n", time.Now().Format("15:04:05.000"), prefix, args)
-		}, funcr.Options{})
-	}
-	ctrl.SetLogger(logger)
-	klog.SetLogger(logger)
-	os.Exit(m.Run())
-}
-
-func testLogger() logr.Logger {
-	if os.Getenv("SIM_LOG") == "" {
-		return logr.Discard()
-	}
-	return ctrl.Log
-}
-
-// Tests give their simulators loopback addresses of their own (AddressPrefix)
-// because members use the fixed kubeadm ports and other packages' tests run
-// etcd members on 127.0.0.x at the same time.
-
-// startSim starts a simulator and stops it when the test ends. Missing
-// binaries fail the test: a skipped simulator proves nothing.
-func startSim(t *testing.T, opts sim.Options) *sim.Sim {
-	t.Helper()
-	opts.Log = testLogger()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	began := time.Now()
-	s, err := sim.Start(ctx, opts)
-	if err != nil {
-		t.Fatalf("starting the simulator: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			t.Errorf("stopping the simulator: %v", err)
-		}
-	})
-	if err := s.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("simulator with %d replicas ready in %.1fs", s.Options().Replicas, time.Since(began).Seconds())
-	return s
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, check func(ctx context.Context) (bool, string, error)) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	last := ""
-	for {
-		ok, why, err := check(ctx)
-		if err != nil {
-			why = err.Error()
-		}
-		if ok {
-			return
-		}
-		last = why
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: still not after %s: %s", what, timeout, last)
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-}
+func TestMain(m *testing.M) { simtest.Main(m) }
 
 // TestControlPlaneLifecycle walks one simulated control plane through what the
 // tool relies on, with the real Machine and KCP controllers: start-up, a
@@ -106,7 +36,8 @@ func eventually(t *testing.T, timeout time.Duration, what string, check func(ctx
 // deletion carried through by KCP once unpaused, KCP's replacement, and a
 // clean shutdown.
 func TestControlPlaneLifecycle(t *testing.T) {
-	s := startSim(t, sim.Options{Replicas: 3, ProvisionDelay: 500 * time.Millisecond, DeleteDelay: 200 * time.Millisecond, AddressPrefix: "127.77.0"})
+	t.Parallel()
+	s := simtest.Start(t, sim.Options{Replicas: 3, ProvisionDelay: 500 * time.Millisecond, DeleteDelay: 200 * time.Millisecond}).Sim
 	ctx := context.Background()
 	c := s.ManagementClient()
 
@@ -144,7 +75,7 @@ func TestControlPlaneLifecycle(t *testing.T) {
 	})
 
 	t.Run("KCP reports the control plane healthy", func(t *testing.T) {
-		eventually(t, 90*time.Second, "KCP EtcdClusterHealthy and ControlPlaneComponentsHealthy", func(ctx context.Context) (bool, string, error) {
+		simtest.Eventually(t, 90*time.Second, "KCP EtcdClusterHealthy and ControlPlaneComponentsHealthy", func(ctx context.Context) (bool, string, error) {
 			kcp := &controlplanev1.KubeadmControlPlane{}
 			if err := c.Get(ctx, s.KCPKey(), kcp); err != nil {
 				return false, "", err
@@ -164,7 +95,7 @@ func TestControlPlaneLifecycle(t *testing.T) {
 
 	t.Run("with KCP paused a deletion waits at the pre-terminate hook", func(t *testing.T) {
 		setKCPPaused(t, c, s.KCPKey(), true)
-		eventually(t, 60*time.Second, "KCP Paused condition", func(ctx context.Context) (bool, string, error) {
+		simtest.Eventually(t, 60*time.Second, "KCP Paused condition", func(ctx context.Context) (bool, string, error) {
 			kcp := &controlplanev1.KubeadmControlPlane{}
 			if err := c.Get(ctx, s.KCPKey(), kcp); err != nil {
 				return false, "", err
@@ -174,7 +105,7 @@ func TestControlPlaneLifecycle(t *testing.T) {
 		if err := c.Delete(ctx, &victim); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 60*time.Second, "Deleting reason WaitingForPreTerminateHook", func(ctx context.Context) (bool, string, error) {
+		simtest.Eventually(t, 60*time.Second, "Deleting reason WaitingForPreTerminateHook", func(ctx context.Context) (bool, string, error) {
 			m := &clusterv1.Machine{}
 			if err := c.Get(ctx, client.ObjectKeyFromObject(&victim), m); err != nil {
 				return false, "", err
@@ -198,7 +129,7 @@ func TestControlPlaneLifecycle(t *testing.T) {
 
 	t.Run("unpaused KCP serves the hook and the deletion goes all the way", func(t *testing.T) {
 		setKCPPaused(t, c, s.KCPKey(), false)
-		eventually(t, 90*time.Second, "machine, node and member gone", func(ctx context.Context) (bool, string, error) {
+		simtest.Eventually(t, 90*time.Second, "machine, node and member gone", func(ctx context.Context) (bool, string, error) {
 			err := c.Get(ctx, client.ObjectKeyFromObject(&victim), &clusterv1.Machine{})
 			if !apierrors.IsNotFound(err) {
 				return false, "machine still exists", client.IgnoreNotFound(err)
@@ -277,7 +208,8 @@ func setKCPPaused(t *testing.T, c client.Client, key client.ObjectKey, paused bo
 // TestCapacityHoldsBackSurgeMachine: with every slot taken, an extra machine
 // stays unprovisioned until a slot frees.
 func TestCapacityHoldsBackSurgeMachine(t *testing.T) {
-	s := startSim(t, sim.Options{Replicas: 1, Capacity: 1, WithoutKCP: true, AddressPrefix: "127.77.1"})
+	t.Parallel()
+	s := simtest.Start(t, sim.Options{Replicas: 1, Capacity: 1, WithoutKCP: true}).Sim
 	ctx := context.Background()
 	c := s.ManagementClient()
 	cluster := &clusterv1.Cluster{}
@@ -288,7 +220,7 @@ func TestCapacityHoldsBackSurgeMachine(t *testing.T) {
 	if err := c.Get(ctx, s.KCPKey(), kcp); err != nil {
 		t.Fatal(err)
 	}
-	surge, err := sim.CreateMachineAsKCP(ctx, c, cluster, kcp, true)
+	surge, err := controlplane.New(c, cluster.Namespace, cluster.Name).CreateMachine(ctx, kcp, cluster, "", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +262,8 @@ func TestCapacityHoldsBackSurgeMachine(t *testing.T) {
 // server; the management API server can restart under the controllers; and a
 // new spec.version makes the real KCP roll every machine.
 func TestKCPOnItsOwn(t *testing.T) {
-	s := startSim(t, sim.Options{Replicas: 3, ProvisionDelay: 200 * time.Millisecond, DeleteDelay: 200 * time.Millisecond, AddressPrefix: "127.77.2"})
+	t.Parallel()
+	s := simtest.Start(t, sim.Options{Replicas: 3, ProvisionDelay: 200 * time.Millisecond, DeleteDelay: 200 * time.Millisecond}).Sim
 	ctx := context.Background()
 	c := s.ManagementClient()
 
@@ -405,7 +338,7 @@ func TestKCPOnItsOwn(t *testing.T) {
 			t.Fatal(err)
 		}
 		began := time.Now()
-		eventually(t, 5*time.Minute, "every machine replaced at "+target, func(ctx context.Context) (bool, string, error) {
+		simtest.Eventually(t, 5*time.Minute, "every machine replaced at "+target, func(ctx context.Context) (bool, string, error) {
 			machines, err := s.Machines(ctx)
 			if err != nil {
 				return false, "", err
@@ -485,7 +418,8 @@ func portForward(t *testing.T, cfg *rest.Config, pod string, port int) (string, 
 // TestFaults: the fault hooks act on the simulated hosts and the simulator's
 // own readiness check sees them.
 func TestFaults(t *testing.T) {
-	s := startSim(t, sim.Options{Replicas: 3, WithoutKCP: true, AddressPrefix: "127.77.3"})
+	t.Parallel()
+	s := simtest.Start(t, sim.Options{Replicas: 3, WithoutKCP: true}).Sim
 	ctx := context.Background()
 	c := s.ManagementClient()
 	var node sim.Node
@@ -516,7 +450,7 @@ func TestFaults(t *testing.T) {
 		if err := s.StopMember(node.Name); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 30*time.Second, "member unhealthy", func(ctx context.Context) (bool, string, error) {
+		simtest.Eventually(t, 30*time.Second, "member unhealthy", func(ctx context.Context) (bool, string, error) {
 			members, err := s.EtcdMembers(ctx)
 			if err != nil {
 				return false, "", err
@@ -551,7 +485,7 @@ func TestFaults(t *testing.T) {
 		if err := c.Get(ctx, s.KCPKey(), kcp); err != nil {
 			t.Fatal(err)
 		}
-		stuck, err := sim.CreateMachineAsKCP(ctx, c, cluster, kcp, true)
+		stuck, err := controlplane.New(c, cluster.Namespace, cluster.Name).CreateMachine(ctx, kcp, cluster, "", true)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,7 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // BenchmarkUpgradeThreeReplicas times the same 3-replica upgrade
@@ -46,21 +47,21 @@ func BenchmarkUpgradeThreeReplicas(b *testing.B) {
 }
 
 func timeToolUpgrade(b *testing.B, opts sim.Options) time.Duration {
-	e := startSim(b, opts)
+	e := simtest.Start(b, opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	r := e.plugin(b, ctx, "upgrade", "demo", "--version", to)
-	if r.code != 0 {
-		b.Fatalf("upgrade: exit %d\n%s", r.code, r.stderr)
+	r := e.Plugin(b, ctx, "upgrade", "demo", "--version", to)
+	if r.Code != 0 {
+		b.Fatalf("upgrade: exit %d\n%s", r.Code, r.Stderr)
 	}
-	return r.took
+	return r.Took
 }
 
 // timeKCPUpgrade sets the version on the KubeadmControlPlane, as a user
 // would without the tool, and times the real KCP controller until every
 // machine runs it and the control plane is settled.
 func timeKCPUpgrade(b *testing.B, opts sim.Options) time.Duration {
-	s := startSim(b, opts).sim
+	s := simtest.Start(b, opts).Sim
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	kcp := &controlplanev1.KubeadmControlPlane{}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // fullKillMatrix runs every operation of the matrix and kills at every step
@@ -22,6 +23,7 @@ var fullKillMatrix = os.Getenv("CP_ROLLOUT_FULL_KILL_MATRIX") != ""
 // Throughout, the invariant monitor watches; at the end the control plane has
 // converged with no orphan left.
 func TestKillMatrix(t *testing.T) {
+	t.Parallel()
 	for _, sc := range []struct {
 		name       string
 		opts       sim.Options
@@ -52,9 +54,10 @@ func TestKillMatrix(t *testing.T) {
 			if sc.extended && !fullKillMatrix {
 				t.Skip("in the full matrix only: make test-faults")
 			}
+			t.Parallel()
 			opts := sc.opts
 			opts.Version, opts.ProvisionDelay, opts.DeleteDelay = from, time.Second, 500*time.Millisecond
-			e := startSim(t, opts)
+			e := simtest.Start(t, opts)
 			mon := watchInvariants(t, e, sc.maxMachine, sc.minHealthy)
 			args := append(sc.args(t, e), "-o", "json")
 			kills := killAtEveryStep(t, e, args)
@@ -92,9 +95,9 @@ func killAtEveryStep(t *testing.T, e *env, args []string) int {
 	seen := map[string]bool{}
 	kills := 0
 	for ctx.Err() == nil {
-		run := e.start(t, args...)
+		run := e.StartPlugin(t, args...)
 		fresh, killed := 0, ""
-		for ev := range run.events {
+		for ev := range run.Events {
 			key := digits.ReplaceAllString(stringOf(ev["action"])+"|"+stringOf(ev["phase"])+"|"+stringOf(ev["machine"])+"|"+stringOf(ev["message"]), "#")
 			if seen[key] {
 				continue
@@ -102,15 +105,15 @@ func killAtEveryStep(t *testing.T, e *env, args []string) int {
 			seen[key] = true
 			if fresh++; fresh == stride {
 				killed = stringOf(ev["action"]) + " " + stringOf(ev["phase"]) + " " + stringOf(ev["machine"])
-				run.kill()
+				run.Kill()
 				break
 			}
 		}
-		switch code := run.wait(); {
+		switch code := run.Wait(); {
 		case code == 0: // finished, perhaps just before its kill
 			return kills
 		case code != -1 || killed == "": // ended by itself, and not well
-			t.Fatalf("run after %d kills: exit %d\n%s", kills, code, run.stderr())
+			t.Fatalf("run after %d kills: exit %d\n%s", kills, code, run.Stderr())
 		}
 		kills++
 		t.Logf("kill %d after %q", kills, killed)

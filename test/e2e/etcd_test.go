@@ -17,19 +17,20 @@ import (
 // The etcd package against the simulator: through the workload API server's
 // pods/portforward (as in production) and directly at each node's address.
 func TestEtcdThroughTheSimulator(t *testing.T) {
-	e := fastSim(t, 3)
+	t.Parallel()
+	e := readOnly.Use(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c := e.sim.ManagementClient()
+	c := e.Sim.ManagementClient()
 	kcp := &controlplanev1.KubeadmControlPlane{}
-	if err := c.Get(ctx, e.sim.KCPKey(), kcp); err != nil {
+	if err := c.Get(ctx, e.Sim.KCPKey(), kcp); err != nil {
 		t.Fatal(err)
 	}
-	creds, err := etcd.LoadCredentials(ctx, c, e.sim.ClusterKey(), kcp)
+	creds, err := etcd.LoadCredentials(ctx, c, e.Sim.ClusterKey(), kcp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wl, err := workload.New(ctx, c, e.sim.ClusterKey().Namespace, e.sim.ClusterKey().Name)
+	wl, err := workload.New(ctx, c, e.Sim.ClusterKey().Namespace, e.Sim.ClusterKey().Name)
 	if err != nil {
 		t.Fatal(err)
 	}

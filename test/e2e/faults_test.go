@@ -13,42 +13,45 @@ import (
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // An etcd member stopped before the run: refused before anything changes,
 // exit 3, naming the member.
 func TestStoppedMemberRefused(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	machines, err := e.sim.Machines(ctx)
+	machines, err := e.Sim.Machines(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	node := machines[1].Status.NodeRef.Name
-	if err := e.sim.StopMember(node); err != nil {
+	if err := e.Sim.StopMember(node); err != nil {
 		t.Fatal(err)
 	}
 	before := quietVersions(t, e)
-	r := e.plugin(t, ctx, "upgrade", "demo", "--version", to)
-	if r.code != 3 || !strings.Contains(r.stderr, node) {
-		t.Fatalf("exit %d, stderr %q: want exit 3 naming member %s", r.code, r.stderr, node)
+	r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to)
+	if r.Code != 3 || !strings.Contains(r.Stderr, node) {
+		t.Fatalf("exit %d, stderr %q: want exit 3 naming member %s", r.Code, r.Stderr, node)
 	}
 	assertUnchanged(t, before, versions(t, e))
 }
 
 // Two runs at once: the second exits 5 naming the first.
 func TestSecondRunLocked(t *testing.T) {
-	e := startSim(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 3 * time.Second, DeleteDelay: time.Second})
+	t.Parallel()
+	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 3 * time.Second, DeleteDelay: time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	first := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
-	first.until(t, isAction("create", "done"))
-	r := e.plugin(t, ctx, "upgrade", "demo", "--version", to)
-	if r.code != 5 || !strings.Contains(r.stderr, "locked by") || !strings.Contains(r.stderr, "pid-") {
-		t.Errorf("second run: exit %d, stderr %q; want exit 5 naming the holder", r.code, r.stderr)
+	first := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
+	first.Until(t, isAction("create", "done"))
+	r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to)
+	if r.Code != 5 || !strings.Contains(r.Stderr, "locked by") || !strings.Contains(r.Stderr, "pid-") {
+		t.Errorf("second run: exit %d, stderr %q; want exit 5 naming the holder", r.Code, r.Stderr)
 	}
-	if code := first.wait(); code != 0 {
+	if code := first.Wait(); code != 0 {
 		t.Fatalf("first run: exit %d", code)
 	}
 	assertConverged(t, e, 3, to)
@@ -57,15 +60,16 @@ func TestSecondRunLocked(t *testing.T) {
 // A replacement that never provisions: exit 4 naming the machine and what it
 // waits for; the old machines are intact.
 func TestReplacementNeverProvisions(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	e.sim.NeverProvisionNext()
-	r := e.plugin(t, ctx, "upgrade", "demo", "--version", to, "--provision-timeout", "15s")
-	if r.code != 4 || !strings.Contains(r.stderr, "has no node yet; infrastructure not provisioned") {
-		t.Fatalf("exit %d, stderr %q: want exit 4 naming the stuck machine", r.code, r.stderr)
+	e.Sim.NeverProvisionNext()
+	r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to, "--provision-timeout", "15s")
+	if r.Code != 4 || !strings.Contains(r.Stderr, "has no node yet; infrastructure not provisioned") {
+		t.Fatalf("exit %d, stderr %q: want exit 4 naming the stuck machine", r.Code, r.Stderr)
 	}
-	machines, err := e.sim.Machines(ctx)
+	machines, err := e.Sim.Machines(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,19 +82,19 @@ func TestReplacementNeverProvisions(t *testing.T) {
 	if old != 3 {
 		t.Errorf("%d intact old machines, want 3: %s", old, names(machines))
 	}
-	st := e.plugin(t, ctx, "status", "demo", "-o", "wide")
-	if !strings.Contains(st.stdout, "infrastructure not provisioned") || !strings.Contains(st.stdout, "paused by cp-rollout") {
-		t.Errorf("status does not show the stuck machine and the paused operation:\n%s", st.stdout)
+	st := e.Plugin(t, ctx, "status", "demo", "-o", "wide")
+	if !strings.Contains(st.Stdout, "infrastructure not provisioned") || !strings.Contains(st.Stdout, "paused by cp-rollout") {
+		t.Errorf("status does not show the stuck machine and the paused operation:\n%s", st.Stdout)
 	}
 
 	// The provider recovers: the same command picks the stuck machine up and
 	// finishes.
 	mon := watchInvariants(t, e, 4, 2)
-	if err := e.sim.RecoverProvisioning(ctx); err != nil {
+	if err := e.Sim.RecoverProvisioning(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if r := e.plugin(t, ctx, "upgrade", "demo", "--version", to); r.code != 0 {
-		t.Fatalf("re-run after the provider recovered: exit %d", r.code)
+	if r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to); r.Code != 0 {
+		t.Fatalf("re-run after the provider recovered: exit %d", r.Code)
 	}
 	mon.check(t)
 	assertConverged(t, e, 3, to)
@@ -101,13 +105,14 @@ func TestReplacementNeverProvisions(t *testing.T) {
 // and the address it could not reach; once it answers again, a re-run
 // finishes.
 func TestWorkloadAPIServerUnreachable(t *testing.T) {
-	e := startSim(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 3 * time.Second, DeleteDelay: time.Second})
+	t.Parallel()
+	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 3 * time.Second, DeleteDelay: time.Second})
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json", "--health-timeout", "30s")
-	run.until(t, isAction("await-join", "waiting"))
-	thaw, err := e.sim.FreezeWorkloadAPIServer()
+	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json", "--health-timeout", "30s")
+	run.Until(t, isAction("await-join", "waiting"))
+	thaw, err := e.Sim.FreezeWorkloadAPIServer()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,23 +124,23 @@ func TestWorkloadAPIServerUnreachable(t *testing.T) {
 	})
 	frozen := time.Now()
 	// The tool hanging is the failure this looks for: bound the wait.
-	hung := time.AfterFunc(3*time.Minute, run.kill)
-	code := run.wait()
+	hung := time.AfterFunc(3*time.Minute, run.Kill)
+	code := run.Wait()
 	hung.Stop()
 	took := time.Since(frozen)
 	if err := thaw(); err != nil {
 		t.Fatal(err)
 	}
 	thawed = true
-	host := e.sim.WorkloadConfig().Host
-	if code != 4 || !strings.Contains(run.stderr(), "demo") || !strings.Contains(run.stderr(), strings.TrimPrefix(host, "https://")) {
-		t.Fatalf("exit %d after %s, stderr %q: want 4 naming the workload cluster and %s", code, took.Round(time.Second), run.stderr(), host)
+	host := e.Sim.WorkloadConfig().Host
+	if code != 4 || !strings.Contains(run.Stderr(), "demo") || !strings.Contains(run.Stderr(), strings.TrimPrefix(host, "https://")) {
+		t.Fatalf("exit %d after %s, stderr %q: want 4 naming the workload cluster and %s", code, took.Round(time.Second), run.Stderr(), host)
 	}
 	if took > 2*time.Minute {
 		t.Errorf("gave up after %s with --health-timeout 30s", took.Round(time.Second))
 	}
-	if r := e.plugin(t, ctx, "upgrade", "demo", "--version", to); r.code != 0 {
-		t.Fatalf("re-run once the workload API server answers: exit %d", r.code)
+	if r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to); r.Code != 0 {
+		t.Fatalf("re-run once the workload API server answers: exit %d", r.Code)
 	}
 	mon.check(t)
 	assertConverged(t, e, 3, to)
@@ -145,27 +150,28 @@ func TestWorkloadAPIServerUnreachable(t *testing.T) {
 // leaving the KCP paused with its record; once the Lease is free, a re-run
 // finishes.
 func TestLeaseLostMidRun(t *testing.T) {
-	e := startSim(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
+	t.Parallel()
+	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
-	run.until(t, isAction("await-join", "waiting"))
+	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
+	run.Until(t, isAction("await-join", "waiting"))
 	lease := &coordinationv1.Lease{}
-	key := client.ObjectKey{Namespace: e.sim.ClusterKey().Namespace, Name: controlplane.LeaseName("demo")}
+	key := client.ObjectKey{Namespace: e.Sim.ClusterKey().Namespace, Name: controlplane.LeaseName("demo")}
 	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := e.sim.ManagementClient().Get(ctx, key, lease); err != nil {
+		if err := e.Sim.ManagementClient().Get(ctx, key, lease); err != nil {
 			return err
 		}
 		lease.Spec.HolderIdentity = ptr.To("someone-else")
-		return e.sim.ManagementClient().Update(ctx, lease)
+		return e.Sim.ManagementClient().Update(ctx, lease)
 	}); err != nil {
 		t.Fatal(err)
 	}
 	taken := time.Now()
-	code := run.wait()
-	if code != 5 || !strings.Contains(run.stderr(), "lost the lock") {
-		t.Fatalf("exit %d, stderr %q: want 5 saying the lock was lost", code, run.stderr())
+	code := run.Wait()
+	if code != 5 || !strings.Contains(run.Stderr(), "lost the lock") {
+		t.Fatalf("exit %d, stderr %q: want 5 saying the lock was lost", code, run.Stderr())
 	}
 	if took := time.Since(taken); took > 2*controlplane.LeaseDuration/3+5*time.Second {
 		t.Errorf("stopped %s after losing the lock", took.Round(time.Second))
@@ -175,8 +181,8 @@ func TestLeaseLostMidRun(t *testing.T) {
 		t.Errorf("the KCP lost its operation record: %v", kcp.Annotations)
 	}
 	breakLock(t, e)
-	if r := e.plugin(t, ctx, "upgrade", "demo", "--version", to); r.code != 0 {
-		t.Fatalf("re-run: exit %d", r.code)
+	if r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to); r.Code != 0 {
+		t.Fatalf("re-run: exit %d", r.Code)
 	}
 	mon.check(t)
 	assertConverged(t, e, 3, to)
@@ -185,16 +191,17 @@ func TestLeaseLostMidRun(t *testing.T) {
 // The management API server restarts while the tool waits: it reconnects and
 // finishes.
 func TestManagementAPIServerRestart(t *testing.T) {
-	e := startSim(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
+	t.Parallel()
+	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
-	run.until(t, isAction("await-join", "waiting"))
-	if err := e.sim.RestartManagementAPIServer(ctx); err != nil {
+	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
+	run.Until(t, isAction("await-join", "waiting"))
+	if err := e.Sim.RestartManagementAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if code := run.wait(); code != 0 {
+	if code := run.Wait(); code != 0 {
 		t.Fatalf("upgrade across an API server restart: exit %d", code)
 	}
 	mon.check(t)

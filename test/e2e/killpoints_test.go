@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -22,6 +23,8 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
+
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // gate is a validating admission webhook on the management API server that
@@ -82,7 +85,7 @@ func openGate(t *testing.T, e *env, op admissionregistrationv1.OperationType, ma
 			TimeoutSeconds: ptr.To(int32(30)),
 		}},
 	}
-	c := e.sim.ManagementClient()
+	c := e.Sim.ManagementClient()
 	ctx := context.Background()
 	if err := c.Create(ctx, cfg); err != nil {
 		t.Fatal(err)
@@ -94,7 +97,7 @@ func openGate(t *testing.T, e *env, op admissionregistrationv1.OperationType, ma
 	})
 	// The API server picks a new webhook configuration up after a moment:
 	// probe with dry-run patches until one reaches the gate.
-	machines, err := e.sim.Machines(ctx)
+	machines, err := e.Sim.Machines(ctx)
 	if err != nil || len(machines) == 0 {
 		t.Fatalf("no machine to probe the gate with: %v", err)
 	}
@@ -109,7 +112,7 @@ func openGate(t *testing.T, e *env, op admissionregistrationv1.OperationType, ma
 }
 
 // wait returns the held request once the tool has sent it.
-func (g *gate) wait(t *testing.T) *admissionv1.AdmissionRequest {
+func (g *gate) Wait(t *testing.T) *admissionv1.AdmissionRequest {
 	t.Helper()
 	select {
 	case req := <-g.held:
@@ -132,15 +135,16 @@ func (g *gate) open() {
 // Killed between creating a replacement's InfraMachine and KubeadmConfig and
 // creating its Machine: the re-run deletes the two orphans and finishes.
 func TestKillBeforeMachineCreate(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	g := openGate(t, e, admissionregistrationv1.Create, func(*admissionv1.AdmissionRequest) bool { return true })
 
-	run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
-	req := g.wait(t)
-	run.kill()
+	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
+	req := g.Wait(t)
+	run.Kill()
 	g.open()
 	left := orphans(t, e)
 	if len(left) != 2 || !strings.Contains(strings.Join(left, " "), req.Name) {
@@ -148,13 +152,13 @@ func TestKillBeforeMachineCreate(t *testing.T) {
 	}
 
 	breakLock(t, e)
-	r := e.plugin(t, ctx, "upgrade", "demo", "--version", to, "-o", "json")
+	r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to, "-o", "json")
 	mon.check(t)
-	if r.code != 0 {
-		t.Fatalf("re-run: exit %d", r.code)
+	if r.Code != 0 {
+		t.Fatalf("re-run: exit %d", r.Code)
 	}
 	removed := 0
-	for _, ev := range events(t, r.stdout) {
+	for _, ev := range simtest.Events(t, r.Stdout) {
 		if ev["action"] == "remove-orphan" && ev["phase"] == "done" {
 			removed++
 		}
@@ -170,6 +174,7 @@ func TestKillBeforeMachineCreate(t *testing.T) {
 // holder) until its Lease expires; then one releases the machine (there is no
 // member left to remove) and finishes.
 func TestKillBetweenMemberRemovalAndRelease(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -185,18 +190,18 @@ func TestKillBetweenMemberRemovalAndRelease(t *testing.T) {
 	}
 	g := openGate(t, e, admissionregistrationv1.Update, releases)
 
-	run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
-	req := g.wait(t)
-	run.kill()
+	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
+	req := g.Wait(t)
+	run.Kill()
 	g.open()
 	m := &clusterv1.Machine{}
-	if err := e.sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: req.Namespace, Name: req.Name}, m); err != nil {
+	if err := e.Sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: req.Namespace, Name: req.Name}, m); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := m.Annotations[controlplanev1.PreTerminateHookCleanupAnnotation]; !ok || m.DeletionTimestamp.IsZero() {
 		t.Fatalf("machine %s: want it deleting and still held by its hook", m.Name)
 	}
-	members, err := e.sim.EtcdMembers(ctx)
+	members, err := e.Sim.EtcdMembers(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,17 +213,17 @@ func TestKillBetweenMemberRemovalAndRelease(t *testing.T) {
 
 	// As a runbook would: retry while the dead run's Lease has not expired.
 	locked := 0
-	r := e.plugin(t, ctx, "upgrade", "demo", "--version", to)
-	for ; r.code == 5 && ctx.Err() == nil; r = e.plugin(t, ctx, "upgrade", "demo", "--version", to) {
-		if !strings.Contains(r.stderr, "pid-") {
-			t.Errorf("locked out without naming the holder: %q", r.stderr)
+	r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to)
+	for ; r.Code == 5 && ctx.Err() == nil; r = e.Plugin(t, ctx, "upgrade", "demo", "--version", to) {
+		if !strings.Contains(r.Stderr, "pid-") {
+			t.Errorf("locked out without naming the holder: %q", r.Stderr)
 		}
 		locked++
 		time.Sleep(2 * time.Second)
 	}
 	mon.check(t)
-	if r.code != 0 {
-		t.Fatalf("re-run: exit %d", r.code)
+	if r.Code != 0 {
+		t.Fatalf("re-run: exit %d", r.Code)
 	}
 	if locked == 0 {
 		t.Error("the killed run's Lease did not lock the first re-run out")
@@ -230,13 +235,14 @@ func TestKillBetweenMemberRemovalAndRelease(t *testing.T) {
 // controller's pre-drain hook holds it): a re-run waits in that stage and
 // times out naming it (exit 4); once the hook is gone, a re-run finishes.
 func TestKillBeforePreTerminateAndStuckDeletion(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	const hold = clusterv1.PreDrainDeleteHookAnnotationPrefix + "/e2e-hold"
 	setHold := func(on bool) {
-		machines, err := e.sim.Machines(ctx)
+		machines, err := e.Sim.Machines(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -251,36 +257,36 @@ func TestKillBeforePreTerminateAndStuckDeletion(t *testing.T) {
 			} else {
 				delete(m.Annotations, hold)
 			}
-			if err := e.sim.ManagementClient().Patch(ctx, m, patch); err != nil {
+			if err := e.Sim.ManagementClient().Patch(ctx, m, patch); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	setHold(true)
 
-	run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
-	victim := stringOf(run.until(t, isAction("delete", "done"))["machine"])
-	run.kill()
-	waitFor(t, ctx, func() bool {
+	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
+	victim := stringOf(run.Until(t, isAction("delete", "done"))["machine"])
+	run.Kill()
+	simtest.Eventually(t, 10*time.Minute, victim+" waiting for the pre-drain hook", func(ctx context.Context) (bool, string, error) {
 		m := &clusterv1.Machine{}
-		if err := e.sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: e.sim.ClusterKey().Namespace, Name: victim}, m); err != nil {
-			return false
+		if err := e.Sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: e.Sim.ClusterKey().Namespace, Name: victim}, m); err != nil {
+			return false, "", err
 		}
 		c := conditions.Get(m, clusterv1.MachineDeletingCondition)
-		return c != nil && c.Reason == clusterv1.MachineDeletingWaitingForPreDrainHookReason
+		return c != nil && c.Reason == clusterv1.MachineDeletingWaitingForPreDrainHookReason, fmt.Sprintf("Deleting: %+v", c), nil
 	})
 
 	breakLock(t, e)
-	r := e.plugin(t, ctx, "upgrade", "demo", "--version", to, "--delete-timeout", "15s")
-	if r.code != 4 || !strings.Contains(r.stderr, victim) || !strings.Contains(r.stderr, clusterv1.MachineDeletingWaitingForPreDrainHookReason) {
-		t.Fatalf("re-run with the hold in place: exit %d, want 4 naming %s and the stage it waits in", r.code, victim)
+	r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to, "--delete-timeout", "15s")
+	if r.Code != 4 || !strings.Contains(r.Stderr, victim) || !strings.Contains(r.Stderr, clusterv1.MachineDeletingWaitingForPreDrainHookReason) {
+		t.Fatalf("re-run with the hold in place: exit %d, want 4 naming %s and the stage it waits in", r.Code, victim)
 	}
 
 	setHold(false)
-	r = e.plugin(t, ctx, "upgrade", "demo", "--version", to)
+	r = e.Plugin(t, ctx, "upgrade", "demo", "--version", to)
 	mon.check(t)
-	if r.code != 0 {
-		t.Fatalf("re-run after the hold is gone: exit %d", r.code)
+	if r.Code != 0 {
+		t.Fatalf("re-run after the hold is gone: exit %d", r.Code)
 	}
 	assertConverged(t, e, 3, to)
 }

@@ -54,10 +54,10 @@ func watchInvariants(t *testing.T, e *env, maxMachines, minHealthy int) *monitor
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	kcp := &controlplanev1.KubeadmControlPlane{}
-	if err := e.sim.ManagementClient().Get(ctx, e.sim.KCPKey(), kcp); err != nil {
+	if err := e.Sim.ManagementClient().Get(ctx, e.Sim.KCPKey(), kcp); err != nil {
 		t.Fatal(err)
 	}
-	creds, err := etcd.LoadCredentials(ctx, e.sim.ManagementClient(), e.sim.ClusterKey(), kcp)
+	creds, err := etcd.LoadCredentials(ctx, e.Sim.ManagementClient(), e.Sim.ClusterKey(), kcp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func watchInvariants(t *testing.T, e *env, maxMachines, minHealthy int) *monitor
 	// A machine already deleting when the watch begins was deleted by the
 	// scenario itself (it may well be the leader's): only deletions that start
 	// while watched are the tool's.
-	machines, err := e.sim.Machines(ctx)
+	machines, err := e.Sim.Machines(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,13 +106,13 @@ func (m *monitor) run(ctx context.Context) {
 }
 
 func (m *monitor) sample(ctx context.Context) {
-	c := m.e.sim.ManagementClient()
-	machines, err := m.e.sim.Machines(ctx)
+	c := m.e.Sim.ManagementClient()
+	machines, err := m.e.Sim.Machines(ctx)
 	if err != nil {
 		return // the management API server may be restarting in a fault scenario
 	}
 	var nodes []etcd.Node
-	for _, n := range m.e.sim.Nodes() {
+	for _, n := range m.e.Sim.Nodes() {
 		if n.EtcdClientURL != "" {
 			nodes = append(nodes, etcd.Node{Name: n.Name, IP: n.IP})
 		}
@@ -262,9 +262,9 @@ func assertConverged(t *testing.T, e *env, replicas int, version string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c := e.sim.ManagementClient()
+	c := e.Sim.ManagementClient()
 	kcp := &controlplanev1.KubeadmControlPlane{}
-	if err := c.Get(ctx, e.sim.KCPKey(), kcp); err != nil {
+	if err := c.Get(ctx, e.Sim.KCPKey(), kcp); err != nil {
 		t.Fatal(err)
 	}
 	if _, paused := kcp.Annotations[clusterv1.PausedAnnotation]; paused {
@@ -279,7 +279,7 @@ func assertConverged(t *testing.T, e *env, replicas int, version string) {
 		t.Errorf("KCP version %s, want %s", kcp.Spec.Version, version)
 	}
 	cluster := &clusterv1.Cluster{}
-	if err := c.Get(ctx, e.sim.ClusterKey(), cluster); err != nil {
+	if err := c.Get(ctx, e.Sim.ClusterKey(), cluster); err != nil {
 		t.Fatal(err)
 	}
 	machines, err := collections.GetFilteredMachinesForCluster(ctx, c, cluster, collections.ControlPlaneMachines(cluster.Name))
@@ -296,7 +296,7 @@ func assertConverged(t *testing.T, e *env, replicas int, version string) {
 	if cp.MachinesNotUpToDate.Len() > 0 {
 		t.Errorf("not up to date per KCP: %v", cp.MachinesNotUpToDate.Names())
 	}
-	members, err := e.sim.EtcdMembers(ctx)
+	members, err := e.Sim.EtcdMembers(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,8 +336,8 @@ func assertConverged(t *testing.T, e *env, replicas int, version string) {
 func orphans(t *testing.T, e *env) []string {
 	t.Helper()
 	ctx := context.Background()
-	c := e.sim.ManagementClient()
-	machines, err := e.sim.Machines(ctx)
+	c := e.Sim.ManagementClient()
+	machines, err := e.Sim.Machines(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +350,7 @@ func orphans(t *testing.T, e *env) []string {
 	configs := &bootstrapv1.KubeadmConfigList{}
 	var out []string
 	for kind, list := range map[string]client.ObjectList{"InfraMachine": infras, "KubeadmConfig": configs} {
-		if err := c.List(ctx, list, client.InNamespace(e.sim.ClusterKey().Namespace)); err != nil {
+		if err := c.List(ctx, list, client.InNamespace(e.Sim.ClusterKey().Namespace)); err != nil {
 			t.Fatal(err)
 		}
 		_ = meta.EachListItem(list, func(o runtime.Object) error {
@@ -369,13 +369,13 @@ func orphans(t *testing.T, e *env) []string {
 func assertKCPIdle(t *testing.T, e *env, d time.Duration) {
 	t.Helper()
 	ctx := context.Background()
-	before, err := e.sim.Machines(ctx)
+	before, err := e.Sim.Machines(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
-		now, err := e.sim.Machines(ctx)
+		now, err := e.Sim.Machines(ctx)
 		if err == nil && (names(now) != names(before)) {
 			t.Fatalf("KCP changed machines after hand-back: %s -> %s", names(before), names(now))
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
@@ -45,15 +46,16 @@ func (f *failFirstMove) ForwardLeadership(ctx context.Context, nodes []etcd.Node
 // watches, which only shorten waits) because the fault is injected into its
 // etcd client.
 func TestMoveLeaderFallsBackToNextCandidate(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	mgmt := e.sim.ManagementClient()
-	ns, cluster := e.sim.ClusterKey().Namespace, e.sim.ClusterKey().Name
+	mgmt := e.Sim.ManagementClient()
+	ns, cluster := e.Sim.ClusterKey().Namespace, e.Sim.ClusterKey().Name
 
 	kcp := kcpOf(t, e)
-	creds, err := etcd.LoadCredentials(ctx, mgmt, e.sim.ClusterKey(), kcp)
+	creds, err := etcd.LoadCredentials(ctx, mgmt, e.Sim.ClusterKey(), kcp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,14 +80,14 @@ func TestMoveLeaderFallsBackToNextCandidate(t *testing.T) {
 
 	// Replace the machine whose member leads, so leadership must move.
 	var nodes []etcd.Node
-	for _, n := range e.sim.Nodes() {
+	for _, n := range e.Sim.Nodes() {
 		nodes = append(nodes, etcd.Node{Name: n.Name, IP: n.IP})
 	}
 	members, err := ec.Members(ctx, nodes)
 	if err != nil {
 		t.Fatal(err)
 	}
-	machines, err := e.sim.Machines(ctx)
+	machines, err := e.Sim.Machines(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +120,7 @@ func TestMoveLeaderFallsBackToNextCandidate(t *testing.T) {
 		t.Fatalf("MoveLeader targets %x: want a second, different candidate after the first failed", tried)
 	}
 	var fellBack bool
-	for _, ev := range events(t, out.String()) {
+	for _, ev := range simtest.Events(t, out.String()) {
 		if ev["action"] == "move-leader" && ev["phase"] == "failed" && strings.Contains(stringOf(ev["message"]), "trying the next candidate") {
 			fellBack = true
 		}

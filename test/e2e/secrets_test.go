@@ -15,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"sigs.k8s.io/cluster-api/util/secret"
+
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // The tool holds the cluster's etcd CA key and mints client keys from it. None
@@ -22,30 +24,31 @@ import (
 // a status, run with a home, temp, cache and config directory of their own,
 // leave no key material in any of them nor in their output.
 func TestNoKeyMaterialWrittenOrPrinted(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	ca := &corev1.Secret{}
-	if err := e.sim.ManagementClient().Get(ctx, etcdCAKey(e), ca); err != nil {
+	if err := e.Sim.ManagementClient().Get(ctx, etcdCAKey(e), ca); err != nil {
 		t.Fatal(err)
 	}
 	onDisk, inOutput := keyNeedles(t, ca.Data[secret.TLSKeyDataName])
 	selfCheck(t, onDisk, inOutput)
 
 	dirs := freshDirs(t)
-	r := e.isolated(t, ctx, dirs, "upgrade", "demo", "--version", to, "-o", "json")
-	if r.code != 0 {
-		t.Fatalf("upgrade: exit %d", r.code)
+	r := isolated(t, e, ctx, dirs, "upgrade", "demo", "--version", to, "-o", "json")
+	if r.Code != 0 {
+		t.Fatalf("upgrade: exit %d", r.Code)
 	}
-	if events := jsonLines(r.stdout); events < 10 {
+	if events := jsonLines(r.Stdout); events < 10 {
 		t.Errorf("upgrade -o json printed %d JSON events; the check below needs the real stream", events)
 	}
 	assertConverged(t, e, 3, to)
 	checkOutput(t, "upgrade", r, inOutput)
 
-	r = e.isolated(t, ctx, dirs, "status", "demo", "-o", "json")
-	if r.code != 0 || !json.Valid([]byte(r.stdout)) {
-		t.Fatalf("status -o json: exit %d\n%s", r.code, r.stdout)
+	r = isolated(t, e, ctx, dirs, "status", "demo", "-o", "json")
+	if r.Code != 0 || !json.Valid([]byte(r.Stdout)) {
+		t.Fatalf("status -o json: exit %d\n%s", r.Code, r.Stdout)
 	}
 	checkOutput(t, "status", r, inOutput)
 
@@ -145,12 +148,12 @@ func leaksUnder(t *testing.T, roots []string, needles []string) (found []string,
 	return found, files
 }
 
-func checkOutput(t *testing.T, verb string, r result, needles []string) {
+func checkOutput(t *testing.T, verb string, r simtest.Result, needles []string) {
 	t.Helper()
-	if leaks(r.stdout, needles) {
+	if leaks(r.Stdout, needles) {
 		t.Errorf("%s: key or certificate material on stdout", verb)
 	}
-	if leaks(r.stderr, needles) {
+	if leaks(r.Stderr, needles) {
 		t.Errorf("%s: key or certificate material on stderr", verb)
 	}
 }
@@ -175,12 +178,12 @@ func freshDirs(t *testing.T) isolatedDirs {
 
 func (d isolatedDirs) all() []string { return []string{d.home, d.tmp, d.cache, d.config, d.work} }
 
-// isolated runs the plugin like plugin does, with dirs in place of the
-// developer's: later entries in Env win, so these override command's.
-func (e *env) isolated(t *testing.T, ctx context.Context, dirs isolatedDirs, args ...string) result {
+// isolated runs the plugin like env.Plugin does, with dirs in place of the
+// developer's: later entries in Env win, so these override Command's.
+func isolated(t *testing.T, e *env, ctx context.Context, dirs isolatedDirs, args ...string) simtest.Result {
 	t.Helper()
-	cmd := e.command(t, ctx, args...)
+	cmd := e.Command(t, ctx, args...)
 	cmd.Env = append(cmd.Env, "HOME="+dirs.home, "TMPDIR="+dirs.tmp, "XDG_CACHE_HOME="+dirs.cache, "XDG_CONFIG_HOME="+dirs.config)
 	cmd.Dir = dirs.work
-	return runPlugin(t, cmd, args)
+	return simtest.Run(t, cmd, args)
 }

@@ -1,14 +1,11 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,25 +21,34 @@ import (
 
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
-func fastSim(t *testing.T, replicas int32) *env {
-	return startSim(t, sim.Options{Replicas: replicas, Version: from, ProvisionDelay: time.Second, DeleteDelay: 500 * time.Millisecond})
+// fastOptions is a simulator whose machines come and go within a second or two.
+func fastOptions(replicas int32) sim.Options {
+	return sim.Options{Replicas: replicas, Version: from, ProvisionDelay: time.Second, DeleteDelay: 500 * time.Millisecond}
 }
+
+func fastSim(t *testing.T, replicas int32) *env { return simtest.Start(t, fastOptions(replicas)) }
+
+// readOnly is the simulator of the scenarios that change no Cluster, KCP or
+// Machine (leadership may move): they take it in turn instead of starting one
+// each, which costs half a minute of both cores.
+var readOnly = simtest.NewShared(fastOptions(3))
 
 // versions records the resourceVersion of the Cluster, the KCP and every
 // Machine: equal before and after means nothing was changed.
 func versions(t *testing.T, e *env) map[string]string {
 	t.Helper()
 	ctx := context.Background()
-	c := e.sim.ManagementClient()
+	c := e.Sim.ManagementClient()
 	out := map[string]string{}
 	cluster := &clusterv1.Cluster{}
 	kcp := &controlplanev1.KubeadmControlPlane{}
-	if err := c.Get(ctx, e.sim.ClusterKey(), cluster); err != nil {
+	if err := c.Get(ctx, e.Sim.ClusterKey(), cluster); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Get(ctx, e.sim.KCPKey(), kcp); err != nil {
+	if err := c.Get(ctx, e.Sim.KCPKey(), kcp); err != nil {
 		t.Fatal(err)
 	}
 	out["cluster"], out["kcp"] = cluster.ResourceVersion, kcp.ResourceVersion
@@ -103,31 +109,33 @@ func assertUnchanged(t *testing.T, before, after map[string]string) {
 }
 
 func TestScaleUpThenDown(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
 	mon := watchInvariants(t, e, 5, 2)
-	if r := e.plugin(t, ctx, "scale", "demo", "--replicas", "5"); r.code != 0 {
-		t.Fatalf("scale to 5: exit %d", r.code)
+	if r := e.Plugin(t, ctx, "scale", "demo", "--replicas", "5"); r.Code != 0 {
+		t.Fatalf("scale to 5: exit %d", r.Code)
 	}
 	mon.check(t)
 	assertConverged(t, e, 5, from)
 
 	mon = watchInvariants(t, e, 5, 3)
-	if r := e.plugin(t, ctx, "scale", "demo", "--replicas", "3"); r.code != 0 {
-		t.Fatalf("scale to 3: exit %d", r.code)
+	if r := e.Plugin(t, ctx, "scale", "demo", "--replicas", "3"); r.Code != 0 {
+		t.Fatalf("scale to 3: exit %d", r.Code)
 	}
 	mon.check(t)
 	assertConverged(t, e, 3, from)
 }
 
 func TestReplaceOneMachine(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	for _, surge := range []string{"1", "0"} {
-		machines, err := e.sim.Machines(ctx)
+		machines, err := e.Sim.Machines(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,12 +145,12 @@ func TestReplaceOneMachine(t *testing.T) {
 			max = 3
 		}
 		mon := watchInvariants(t, e, max, 2)
-		if r := e.plugin(t, ctx, "replace", "demo", victim, "--max-surge", surge); r.code != 0 {
-			t.Fatalf("replace %s (surge %s): exit %d", victim, surge, r.code)
+		if r := e.Plugin(t, ctx, "replace", "demo", victim, "--max-surge", surge); r.Code != 0 {
+			t.Fatalf("replace %s (surge %s): exit %d", victim, surge, r.Code)
 		}
 		mon.check(t)
 		assertConverged(t, e, 3, from)
-		after, _ := e.sim.Machines(ctx)
+		after, _ := e.Sim.Machines(ctx)
 		for _, m := range after {
 			if m.Name == victim {
 				t.Fatalf("surge %s: %s still there", surge, victim)
@@ -150,30 +158,31 @@ func TestReplaceOneMachine(t *testing.T) {
 		}
 		// A runbook re-running the finished replace (say, after a crash that
 		// hid its exit code) is told it is done, not that the machine is unknown.
-		if r := e.plugin(t, ctx, "replace", "demo", victim, "--max-surge", surge); r.code != 0 || !strings.Contains(r.stderr, "was replaced by") {
-			t.Errorf("re-run of replace %s: exit %d, want 0 saying it was replaced", victim, r.code)
+		if r := e.Plugin(t, ctx, "replace", "demo", victim, "--max-surge", surge); r.Code != 0 || !strings.Contains(r.Stderr, "was replaced by") {
+			t.Errorf("re-run of replace %s: exit %d, want 0 saying it was replaced", victim, r.Code)
 		}
 	}
 }
 
 func TestPlanExitCodeAndDryRunChangeNothing(t *testing.T) {
-	e := fastSim(t, 3)
+	t.Parallel()
+	e := readOnly.Use(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	before := quietVersions(t, e)
 
-	if r := e.plugin(t, ctx, "plan", "demo", "--version", from, "--exit-code"); r.code != 0 {
-		t.Errorf("plan at the current version: exit %d, want 0", r.code)
+	if r := e.Plugin(t, ctx, "plan", "demo", "--version", from, "--exit-code"); r.Code != 0 {
+		t.Errorf("plan at the current version: exit %d, want 0", r.Code)
 	}
-	r := e.plugin(t, ctx, "plan", "demo", "--version", to, "--exit-code", "-o", "json")
-	if r.code != 10 {
-		t.Errorf("plan of an upgrade: exit %d, want 10", r.code)
+	r := e.Plugin(t, ctx, "plan", "demo", "--version", to, "--exit-code", "-o", "json")
+	if r.Code != 10 {
+		t.Errorf("plan of an upgrade: exit %d, want 10", r.Code)
 	}
 	var plan struct {
 		Steps []struct{ Action, Machine string }
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &plan); err != nil {
-		t.Fatalf("plan -o json: %v\n%s", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.Stdout), &plan); err != nil {
+		t.Fatalf("plan -o json: %v\n%s", err, r.Stdout)
 	}
 	if len(plan.Steps) != 6 || plan.Steps[0].Action != "create" || plan.Steps[1].Action != "delete" {
 		t.Errorf("plan steps %+v, want create/delete three times", plan.Steps)
@@ -183,14 +192,15 @@ func TestPlanExitCodeAndDryRunChangeNothing(t *testing.T) {
 		{"scale", "demo", "--replicas", "5", "--dry-run"},
 		{"replace", "demo", plan.Steps[1].Machine, "--dry-run"},
 	} {
-		if r := e.plugin(t, ctx, args...); r.code != 0 || !strings.Contains(r.stdout, "create") {
-			t.Errorf("%v: exit %d, want 0 and a plan:\n%s", args, r.code, r.stdout)
+		if r := e.Plugin(t, ctx, args...); r.Code != 0 || !strings.Contains(r.Stdout, "create") {
+			t.Errorf("%v: exit %d, want 0 and a plan:\n%s", args, r.Code, r.Stdout)
 		}
 	}
 	assertUnchanged(t, before, versions(t, e))
 }
 
 func TestBadInputChangesNothing(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -200,13 +210,13 @@ func TestBadInputChangesNothing(t *testing.T) {
 	worker.Spec.ClusterName = "demo"
 	worker.Spec.Bootstrap.DataSecretName = ptrTo("none")
 	worker.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "GenericInfrastructureMachine", Name: "none"}
-	if err := e.sim.ManagementClient().Create(ctx, worker); err != nil {
+	if err := e.Sim.ManagementClient().Create(ctx, worker); err != nil {
 		t.Fatal(err)
 	}
 	// A Cluster whose control plane is not a KubeadmControlPlane.
 	other := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "no-kcp", Namespace: "default"}}
 	other.Spec.ControlPlaneRef = clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.example.com", Kind: "OtherControlPlane", Name: "x"}
-	if err := e.sim.ManagementClient().Create(ctx, other); err != nil {
+	if err := e.Sim.ManagementClient().Create(ctx, other); err != nil {
 		t.Fatal(err)
 	}
 	badConfig := filepath.Join(t.TempDir(), "config.yaml")
@@ -217,15 +227,15 @@ func TestBadInputChangesNothing(t *testing.T) {
 	// which must name every fragment in says.
 	expect := func(args []string, code int, says ...string) {
 		t.Helper()
-		r := e.plugin(t, ctx, args...)
+		r := e.Plugin(t, ctx, args...)
 		named := true
 		for _, s := range says {
-			named = named && strings.Contains(r.stderr, s)
+			named = named && strings.Contains(r.Stderr, s)
 		}
-		if r.code != code || !named {
-			t.Errorf("%v: exit %d, stderr %q; want exit %d mentioning %q", args, r.code, r.stderr, code, says)
+		if r.Code != code || !named {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d mentioning %q", args, r.Code, r.Stderr, code, says)
 		}
-		if lines := strings.Count(strings.TrimSpace(r.stderr), "\n") + 1; lines > 2 {
+		if lines := strings.Count(strings.TrimSpace(r.Stderr), "\n") + 1; lines > 2 {
 			t.Errorf("%v: %d lines on stderr, want the reason and at most a usage hint", args, lines)
 		}
 	}
@@ -292,7 +302,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	})
 	expect([]string{"upgrade", "classy", "--version", to}, 3, "managed by ClusterClass some-class")
 	doomed := sibling(t, e, "doomed", func(c *clusterv1.Cluster) { c.Finalizers = []string{"e2e.cp-rollout.io/hold"} })
-	if err := e.sim.ManagementClient().Delete(ctx, doomed); err != nil {
+	if err := e.Sim.ManagementClient().Delete(ctx, doomed); err != nil {
 		t.Fatal(err)
 	}
 	expect([]string{"upgrade", "doomed", "--version", to}, 3, "cluster doomed is being deleted")
@@ -306,7 +316,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		kcp.Annotations = map[string]string{}
 	}
 	kcp.Annotations[clusterv1.PausedAnnotation] = ""
-	if err := e.sim.ManagementClient().Patch(ctx, kcp, patch); err != nil {
+	if err := e.Sim.ManagementClient().Patch(ctx, kcp, patch); err != nil {
 		t.Fatal(err)
 	}
 	paused := quietVersions(t, e) // KCP reports Paused first
@@ -318,9 +328,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 // kubeconfig and etcd CA, changed by mutate.
 func sibling(t *testing.T, e *env, name string, mutate func(*clusterv1.Cluster)) *clusterv1.Cluster {
 	t.Helper()
-	ctx, c := context.Background(), e.sim.ManagementClient()
+	ctx, c := context.Background(), e.Sim.ManagementClient()
 	demo := &clusterv1.Cluster{}
-	if err := c.Get(ctx, e.sim.ClusterKey(), demo); err != nil {
+	if err := c.Get(ctx, e.Sim.ClusterKey(), demo); err != nil {
 		t.Fatal(err)
 	}
 	for _, purpose := range []secret.Purpose{secret.Kubeconfig, secret.EtcdCA} {
@@ -347,10 +357,10 @@ func ptrTo(s string) *string { return &s }
 func withoutEtcdCA(t *testing.T, e *env) func() {
 	t.Helper()
 	orig := &corev1.Secret{}
-	if err := e.sim.ManagementClient().Get(context.Background(), etcdCAKey(e), orig); err != nil {
+	if err := e.Sim.ManagementClient().Get(context.Background(), etcdCAKey(e), orig); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.sim.ManagementClient().Delete(context.Background(), orig); err != nil {
+	if err := e.Sim.ManagementClient().Delete(context.Background(), orig); err != nil {
 		t.Fatal(err)
 	}
 	return func() { restoreEtcdCA(t, e, orig) }
@@ -361,7 +371,7 @@ func withoutEtcdCA(t *testing.T, e *env) func() {
 func withOtherEtcdCA(t *testing.T, e *env) func() {
 	t.Helper()
 	orig := &corev1.Secret{}
-	if err := e.sim.ManagementClient().Get(context.Background(), etcdCAKey(e), orig); err != nil {
+	if err := e.Sim.ManagementClient().Get(context.Background(), etcdCAKey(e), orig); err != nil {
 		t.Fatal(err)
 	}
 	crt, key, err := member.NewCA()
@@ -370,7 +380,7 @@ func withOtherEtcdCA(t *testing.T, e *env) func() {
 	}
 	other := orig.DeepCopy()
 	other.Data[secret.TLSCrtDataName], other.Data[secret.TLSKeyDataName] = crt, key
-	if err := e.sim.ManagementClient().Update(context.Background(), other); err != nil {
+	if err := e.Sim.ManagementClient().Update(context.Background(), other); err != nil {
 		t.Fatal(err)
 	}
 	return func() { restoreEtcdCA(t, e, orig) }
@@ -380,7 +390,7 @@ func withOtherEtcdCA(t *testing.T, e *env) func() {
 // if it is gone: later rows and the simulator's new members need the real CA.
 func restoreEtcdCA(t *testing.T, e *env, orig *corev1.Secret) {
 	t.Helper()
-	ctx, c := context.Background(), e.sim.ManagementClient()
+	ctx, c := context.Background(), e.Sim.ManagementClient()
 	cur := &corev1.Secret{}
 	err := c.Get(ctx, etcdCAKey(e), cur)
 	switch {
@@ -397,88 +407,6 @@ func restoreEtcdCA(t *testing.T, e *env, orig *corev1.Secret) {
 	}
 }
 
-// startPlugin starts `kubectl cp-rollout args... -o json` and streams its
-// events; stop sends SIGINT.
-type running struct {
-	cmd     *exec.Cmd
-	events  chan map[string]any
-	done    chan struct{}
-	code    int
-	errPath string
-}
-
-// stderr is what the run has written to its standard error so far.
-func (r *running) stderr() string {
-	raw, _ := os.ReadFile(r.errPath)
-	return string(raw)
-}
-
-func (e *env) start(t *testing.T, args ...string) *running {
-	t.Helper()
-	cmd := e.command(t, context.Background(), args...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	logFile := filepath.Join(t.TempDir(), "stderr")
-	f, _ := os.Create(logFile)
-	cmd.Stderr = f
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	r := &running{cmd: cmd, events: make(chan map[string]any, 1000), done: make(chan struct{}), errPath: logFile}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			var ev map[string]any
-			if json.Unmarshal(sc.Bytes(), &ev) == nil {
-				r.events <- ev
-			}
-		}
-		_ = cmd.Wait()
-		f.Close()
-		r.code = cmd.ProcessState.ExitCode()
-		raw, _ := os.ReadFile(logFile)
-		t.Logf("kubectl cp-rollout %s: exit %d\n%s", strings.Join(args, " "), r.code, tail(string(raw), 20))
-		close(r.events)
-		close(r.done)
-	}()
-	return r
-}
-
-// until reads events until one matches.
-func (r *running) until(t *testing.T, match func(map[string]any) bool) map[string]any {
-	t.Helper()
-	timeout := time.After(5 * time.Minute)
-	for {
-		select {
-		case ev, ok := <-r.events:
-			if !ok {
-				t.Fatal("the run ended before the awaited event")
-			}
-			if match(ev) {
-				return ev
-			}
-		case <-timeout:
-			t.Fatal("awaited event did not come")
-		}
-	}
-}
-
-func (r *running) interrupt() int {
-	// kubectl execs the plugin in its own place, so this is the plugin's pid.
-	_ = r.cmd.Process.Signal(syscall.SIGINT)
-	<-r.done
-	return r.code
-}
-
-func (r *running) wait() int {
-	for range r.events {
-	}
-	<-r.done
-	return r.code
-}
-
 func isAction(action, phase string) func(map[string]any) bool {
 	return func(ev map[string]any) bool { return ev["action"] == action && ev["phase"] == phase }
 }
@@ -486,22 +414,23 @@ func isAction(action, phase string) func(map[string]any) bool {
 func kcpOf(t *testing.T, e *env) *controlplanev1.KubeadmControlPlane {
 	t.Helper()
 	kcp := &controlplanev1.KubeadmControlPlane{}
-	if err := e.sim.ManagementClient().Get(context.Background(), e.sim.KCPKey(), kcp); err != nil {
+	if err := e.Sim.ManagementClient().Get(context.Background(), e.Sim.KCPKey(), kcp); err != nil {
 		t.Fatal(err)
 	}
 	return kcp
 }
 
 func TestStatusDuringUpgrade(t *testing.T) {
-	e := startSim(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
+	t.Parallel()
+	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
-	created := run.until(t, isAction("create", "done"))
+	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
+	created := run.Until(t, isAction("create", "done"))
 
-	r := e.plugin(t, ctx, "status", "demo", "-o", "json")
-	if r.code != 0 {
-		t.Fatalf("status: exit %d", r.code)
+	r := e.Plugin(t, ctx, "status", "demo", "-o", "json")
+	if r.Code != 0 {
+		t.Fatalf("status: exit %d", r.Code)
 	}
 	var st struct {
 		ControlPlane struct{ Paused, PausedByUs bool }
@@ -520,8 +449,8 @@ func TestStatusDuringUpgrade(t *testing.T) {
 			Healthy bool
 		}
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
-		t.Fatalf("status -o json: %v\n%s", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
+		t.Fatalf("status -o json: %v\n%s", err, r.Stdout)
 	}
 	if st.Operation == nil || st.Operation.Operation != "upgrade" || st.Operation.Target != to || !st.ControlPlane.PausedByUs {
 		t.Errorf("status shows no operation record of the upgrade: %+v %+v", st.Operation, st.ControlPlane)
@@ -547,7 +476,7 @@ func TestStatusDuringUpgrade(t *testing.T) {
 	if len(st.EtcdMembers) < 3 || leaders != 1 {
 		t.Errorf("status etcd members %+v: want at least 3 with one leader", st.EtcdMembers)
 	}
-	if code := run.wait(); code != 0 {
+	if code := run.Wait(); code != 0 {
 		t.Fatalf("upgrade exit %d", code)
 	}
 	assertConverged(t, e, 3, to)
@@ -557,11 +486,12 @@ func TestStatusDuringUpgrade(t *testing.T) {
 // its record and the lock released; handback gives control to KCP, which
 // finishes the rollout by itself, never beyond replicas + 1.
 func TestHandbackAfterInterruptedUpgrade(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	mon := watchInvariants(t, e, 4, 2)
-	run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
-	run.until(t, isAction("create", "done"))
-	if code := run.interrupt(); code != 130 {
+	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
+	run.Until(t, isAction("create", "done"))
+	if code := run.Interrupt(); code != 130 {
 		t.Fatalf("interrupted upgrade: exit %d, want 130", code)
 	}
 	kcp := kcpOf(t, e)
@@ -570,17 +500,23 @@ func TestHandbackAfterInterruptedUpgrade(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	r := e.plugin(t, ctx, "handback", "demo")
-	if r.code != 0 || !strings.Contains(r.stdout, "KCP will now") {
-		t.Fatalf("handback: exit %d\n%s", r.code, r.stdout)
+	r := e.Plugin(t, ctx, "handback", "demo")
+	if r.Code != 0 || !strings.Contains(r.Stdout, "KCP will now") {
+		t.Fatalf("handback: exit %d\n%s", r.Code, r.Stdout)
 	}
-	waitFor(t, ctx, func() bool { ok, _, _ := e.sim.Ready(ctx); return ok && allAt(t, e, to) })
+	simtest.Eventually(t, 10*time.Minute, "KCP finishing the rollout", func(ctx context.Context) (bool, string, error) {
+		ok, why, err := e.Sim.Ready(ctx)
+		if ok && !allAt(t, e, to) {
+			ok, why = false, "not every machine at "+to
+		}
+		return ok, why, err
+	})
 	mon.check(t)
 	assertConverged(t, e, 3, to)
 }
 
 func allAt(t *testing.T, e *env, version string) bool {
-	machines, err := e.sim.Machines(context.Background())
+	machines, err := e.Sim.Machines(context.Background())
 	if err != nil {
 		return false
 	}
@@ -594,6 +530,7 @@ func allAt(t *testing.T, e *env, version string) bool {
 
 // Interrupted at any point, the same command finishes the job.
 func TestInterruptAndResume(t *testing.T) {
+	t.Parallel()
 	e := fastSim(t, 3)
 	mon := watchInvariants(t, e, 4, 2)
 	for _, at := range []func(map[string]any) bool{
@@ -601,16 +538,16 @@ func TestInterruptAndResume(t *testing.T) {
 		isAction("await-join", "waiting"),
 		isAction("delete", "done"),
 	} {
-		run := e.start(t, "upgrade", "demo", "--version", to, "-o", "json")
-		run.until(t, at)
-		if code := run.interrupt(); code != 130 {
+		run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
+		run.Until(t, at)
+		if code := run.Interrupt(); code != 130 {
 			t.Fatalf("interrupted upgrade: exit %d, want 130", code)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if r := e.plugin(t, ctx, "upgrade", "demo", "--version", to); r.code != 0 {
-		t.Fatalf("resumed upgrade: exit %d", r.code)
+	if r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to); r.Code != 0 {
+		t.Fatalf("resumed upgrade: exit %d", r.Code)
 	}
 	mon.check(t)
 	assertConverged(t, e, 3, to)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,26 +16,18 @@ import (
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/streaming/pkg/httpstream"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
 )
 
-// envtestAssets finds the kube-apiserver and etcd binaries the same way the
-// simulator does: $KUBEBUILDER_ASSETS, else the cache hack/envtest-binaries.sh
-// fills. Missing binaries fail the test: a skipped end-to-end check proves
+// envtestAssets finds the kube-apiserver and etcd binaries as the simulator
+// does. Missing binaries fail the test: a skipped end-to-end check proves
 // nothing.
 func envtestAssets(t *testing.T) string {
 	t.Helper()
-	dir := os.Getenv("KUBEBUILDER_ASSETS")
-	if dir == "" {
-		cache, err := os.UserCacheDir() // honours XDG_CACHE_HOME, like the script
-		if err != nil {
-			t.Fatalf("locating envtest binaries: %v", err)
-		}
-		dir = filepath.Join(cache, "cp-rollout", "envtest", "v1.36.3")
-	}
-	for _, name := range []string{"kube-apiserver", "etcd"} {
-		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Mode()&0o111 == 0 {
-			t.Fatalf("envtest binary %s missing or not executable in %s: run hack/envtest-binaries.sh or set KUBEBUILDER_ASSETS", name, dir)
-		}
+	dir, err := member.AssetsDir()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return dir
 }

@@ -18,16 +18,17 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 	"sigs.k8s.io/cluster-api/util/certs"
 )
 
 // TestJoinAsKubeadmDoes starts a member, joins a second one through it and a third that
 // stays a learner, and checks what etcd itself reports.
-// It uses the kubeadm ports, on addresses no other package's tests take (the simulator's
-// tests use 127.77.0 and 127.77.1).
+// It uses the kubeadm ports, on a loopback /24 no other test takes.
 func TestJoinAsKubeadmDoes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	prefix := simtest.AddressPrefix(t)
 	caCert, caKey, err := member.NewCA()
 	if err != nil {
 		t.Fatal(err)
@@ -46,12 +47,12 @@ func TestJoinAsKubeadmDoes(t *testing.T) {
 		t.Cleanup(m.Stop)
 		return m
 	}
-	a := start("node-a", "127.77.5.2", nil, false)
-	if a.ClientURL() != "https://127.77.5.2:2379" {
+	a := start("node-a", prefix+".2", nil, false)
+	if a.ClientURL() != "https://"+prefix+".2:2379" {
 		t.Fatalf("client URL %s", a.ClientURL())
 	}
-	b := start("node-b", "127.77.5.3", []string{a.ClientURL()}, false)
-	start("node-c", "127.77.5.4", []string{a.ClientURL(), b.ClientURL()}, true)
+	b := start("node-b", prefix+".3", []string{a.ClientURL()}, false)
+	start("node-c", prefix+".4", []string{a.ClientURL(), b.ClientURL()}, true)
 
 	cli := client(t, caCert, caKey, a.ClientURL())
 	list, err := cli.MemberList(ctx)
@@ -79,11 +80,12 @@ func TestJoinAsKubeadmDoes(t *testing.T) {
 func TestFreePorts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	prefix := simtest.AddressPrefix(t)
 	caCert, caKey, err := member.NewCA()
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := member.Start(ctx, member.Config{Name: "solo", IP: "127.77.1.2", CACert: caCert, CAKey: caKey,
+	m, err := member.Start(ctx, member.Config{Name: "solo", IP: prefix + ".2", CACert: caCert, CAKey: caKey,
 		DataDir: t.TempDir(), TickMs: 10, ElectionMs: 100, UnsafeNoFsync: true})
 	if err != nil {
 		t.Fatal(err)
@@ -150,6 +152,7 @@ func client(t *testing.T, caCert, caKey []byte, endpoint string) *clientv3.Clien
 func TestRestartRejoinsWithItsIdentity(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	prefix := simtest.AddressPrefix(t)
 	caCert, caKey, err := member.NewCA()
 	if err != nil {
 		t.Fatal(err)
@@ -158,12 +161,12 @@ func TestRestartRejoinsWithItsIdentity(t *testing.T) {
 		return member.Config{Name: name, IP: ip, CACert: caCert, CAKey: caKey, DataDir: t.TempDir(),
 			ExistingClientURLs: existing, TickMs: 10, ElectionMs: 100, UnsafeNoFsync: true, RelaxedReconfigCheck: true}
 	}
-	a, err := member.Start(ctx, cfg("node-a", "127.77.2.2"))
+	a, err := member.Start(ctx, cfg("node-a", prefix+".2"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Stop()
-	b, err := member.Start(ctx, cfg("node-b", "127.77.2.3", a.ClientURL()))
+	b, err := member.Start(ctx, cfg("node-b", prefix+".3", a.ClientURL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,6 +196,7 @@ func TestRestartRejoinsWithItsIdentity(t *testing.T) {
 func TestRemovedMemberFailsAlone(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	prefix := simtest.AddressPrefix(t)
 	caCert, caKey, err := member.NewCA()
 	if err != nil {
 		t.Fatal(err)
@@ -203,12 +207,12 @@ func TestRemovedMemberFailsAlone(t *testing.T) {
 			ExistingClientURLs: existing, TickMs: 10, ElectionMs: 100, UnsafeNoFsync: true, RelaxedReconfigCheck: true,
 			Logger: zap.New(core)}
 	}
-	a, err := member.Start(ctx, cfg("node-a", "127.77.3.2"))
+	a, err := member.Start(ctx, cfg("node-a", prefix+".2"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.Stop)
-	b, err := member.Start(ctx, cfg("node-b", "127.77.3.3", a.ClientURL()))
+	b, err := member.Start(ctx, cfg("node-b", prefix+".3", a.ClientURL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,16 +257,17 @@ func TestRemovedMemberFailsAlone(t *testing.T) {
 func TestTakenPortFailsStart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	prefix := simtest.AddressPrefix(t)
 	caCert, caKey, err := member.NewCA()
 	if err != nil {
 		t.Fatal(err)
 	}
-	taken, err := net.Listen("tcp", "127.77.4.2:0")
+	taken, err := net.Listen("tcp", prefix+".2:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	_, err = member.Start(ctx, member.Config{Name: "late", IP: "127.77.4.2", ClientPort: taken.Addr().(*net.TCPAddr).Port,
+	_, err = member.Start(ctx, member.Config{Name: "late", IP: prefix + ".2", ClientPort: taken.Addr().(*net.TCPAddr).Port,
 		CACert: caCert, CAKey: caKey, DataDir: t.TempDir()})
 	if !errors.Is(err, syscall.EADDRINUSE) {
 		t.Fatalf("start on a taken port: %v, want EADDRINUSE", err)

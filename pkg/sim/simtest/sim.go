@@ -1,0 +1,187 @@
+// Package simtest is the one harness the simulator's own tests, the etcd
+// package's tests and the end-to-end tests share: a simulator started for a
+// test (or shared by several) on a loopback /24 of its own, a polling helper,
+// and the real plugin built once and run through the real kubectl, its JSON
+// Lines events decoded. It is test support: the simulator does not import it.
+package simtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/cp-rollout/cp-rollout/pkg/sim"
+)
+
+// startTimeout bounds a simulator's start-up until ready: about half a minute
+// on an idle two-core machine, several times that when the machine is busy.
+const startTimeout = 3 * time.Minute
+
+// starting admits two simulator start-ups at a time. Starting two API servers
+// and their CRDs keeps both cores busy for several seconds, while a running
+// scenario mostly waits: parallel tests overlap their scenarios, and this
+// keeps a burst of them from starting a dozen API servers at once, each then
+// too slow for envtest's start-up timeout.
+var starting = make(chan struct{}, 2)
+
+// Env is a running simulator and a kubeconfig file for its management cluster
+// whose current context is the Cluster's namespace, so kubectl and the plugin
+// find the Cluster without flags.
+type Env struct {
+	Sim        *sim.Sim
+	Kubeconfig string
+}
+
+// Main runs a test binary's tests with the simulator's and controllers' logs
+// going where SIM_LOG says (nowhere unless set), and releases what the tests
+// shared (simulators, the plugin binary) when they are done. A package's
+// TestMain is `func TestMain(m *testing.M) { simtest.Main(m) }`.
+func Main(m *testing.M) {
+	logger := Logger()
+	ctrl.SetLogger(logger)
+	klog.SetLogger(logger)
+	code := m.Run()
+	teardown()
+	os.Exit(code)
+}
+
+// Logger is where simulators started here log: stderr with timestamps when
+// SIM_LOG is set, nowhere otherwise.
+func Logger() logr.Logger {
+	if os.Getenv("SIM_LOG") == "" {
+		return logr.Discard()
+	}
+	return funcr.New(func(prefix, args string) {
+		fmt.Fprintf(os.Stderr, "%s %s %s\n", time.Now().Format("15:04:05.000"), prefix, args)
+	}, funcr.Options{})
+}
+
+var teardowns struct {
+	sync.Mutex
+	fns []func()
+}
+
+func atTeardown(fn func()) {
+	teardowns.Lock()
+	defer teardowns.Unlock()
+	teardowns.fns = append(teardowns.fns, fn)
+}
+
+func teardown() {
+	teardowns.Lock()
+	defer teardowns.Unlock()
+	for i := len(teardowns.fns) - 1; i >= 0; i-- {
+		teardowns.fns[i]()
+	}
+	teardowns.fns = nil
+}
+
+// Start starts a simulator for the test, on a loopback /24 of its own unless
+// opts names one, waits until its control plane is ready, and stops it when
+// the test ends. Missing binaries fail the test: a skipped simulator proves
+// nothing.
+func Start(t testing.TB, opts sim.Options) *Env {
+	t.Helper()
+	e, stop, err := start(t, opts, t.TempDir())
+	if stop != nil {
+		t.Cleanup(func() {
+			if err := stop(); err != nil {
+				t.Errorf("stopping the simulator: %v", err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func start(t testing.TB, opts sim.Options, dir string) (*Env, func() error, error) {
+	t.Helper()
+	if opts.AddressPrefix == "" {
+		prefix, err := claimPrefix()
+		if err != nil {
+			return nil, nil, err
+		}
+		opts.AddressPrefix = prefix
+	}
+	if opts.Log.GetSink() == nil {
+		opts.Log = Logger()
+	}
+	starting <- struct{}{}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	began := time.Now()
+	s, err := sim.Start(ctx, opts)
+	<-starting
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting the simulator: %w", err)
+	}
+	if err := s.WaitReady(ctx); err != nil {
+		return nil, s.Stop, err
+	}
+	raw, err := s.ManagementKubeconfig()
+	if err != nil {
+		return nil, s.Stop, err
+	}
+	path := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		return nil, s.Stop, err
+	}
+	t.Logf("simulator with %d replicas on %s.x ready in %.1fs", s.Options().Replicas, opts.AddressPrefix, time.Since(began).Seconds())
+	return &Env{Sim: s, Kubeconfig: path}, s.Stop, nil
+}
+
+// Shared is one simulator several tests use in turn, started by the first
+// that asks and stopped when the test binary ends (see Main). Only scenarios
+// that leave the control plane as they found it may share one; each takes it
+// for its whole run, so they never overlap.
+type Shared struct {
+	opts sim.Options
+	busy sync.Mutex
+
+	once sync.Once
+	env  *Env
+	err  error
+}
+
+// NewShared describes a shared simulator; nothing starts until Use.
+func NewShared(opts sim.Options) *Shared { return &Shared{opts: opts} }
+
+// Use returns the shared simulator, started on first use, and holds it for
+// the test until the test ends.
+func (s *Shared) Use(t testing.TB) *Env {
+	t.Helper()
+	s.busy.Lock()
+	t.Cleanup(s.busy.Unlock)
+	s.once.Do(func() {
+		dir, err := os.MkdirTemp("", "cp-rollout-shared-sim-")
+		if err != nil {
+			s.err = err
+			return
+		}
+		var stop func() error
+		s.env, stop, s.err = start(t, s.opts, dir)
+		atTeardown(func() {
+			if stop != nil {
+				if err := stop(); err != nil {
+					fmt.Fprintf(os.Stderr, "stopping the shared simulator: %v\n", err)
+				}
+			}
+			_ = os.RemoveAll(dir)
+		})
+	})
+	if s.err != nil {
+		t.Fatalf("the shared simulator did not start: %v", s.err)
+	}
+	return s.env
+}
