@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -105,6 +106,8 @@ type Engine struct {
 	Timeouts Timeouts
 
 	steps stepLog
+	// seenHealthy names the machines this engine has read healthy.
+	seenHealthy map[string]bool
 	// leaderRetries counts how often the member being removed won leadership
 	// back (see serveCleanupHook).
 	leaderRetries int
@@ -137,7 +140,22 @@ func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
 			return nil, err
 		}
 	}
+	e.rememberHealthy(s)
 	return s, nil
+}
+
+// rememberHealthy hands s what earlier reads saw healthy, then adds what is
+// healthy in s for the reads to come.
+func (e *Engine) rememberHealthy(s *Snapshot) {
+	if e.seenHealthy == nil {
+		e.seenHealthy = map[string]bool{}
+	}
+	s.SeenHealthy = maps.Clone(e.seenHealthy)
+	for _, m := range s.CP.Machines {
+		if Problem(s, m) == nil {
+			e.seenHealthy[m.Name] = true
+		}
+	}
 }
 
 // EtcdNodes lists the nodes etcd members can be reached on, in the order to

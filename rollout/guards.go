@@ -125,8 +125,11 @@ func Problem(s *Snapshot, m *clusterv1.Machine) error {
 // Joining reports whether m is still coming up — no node yet, node or static
 // pods not Ready yet, or its etcd member not yet named or promoted — as opposed
 // to a machine that was up and went bad. The first is waited on, the second
-// refused.
+// refused after a grace. A machine the run has seen healthy is never joining.
 func Joining(s *Snapshot, m *clusterv1.Machine) bool {
+	if s.SeenHealthy[m.Name] {
+		return false
+	}
 	name := nodeName(m)
 	if name == "" || s.Nodes[name].Problem(components(s)) != "" {
 		return true

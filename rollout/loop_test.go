@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -623,4 +624,66 @@ func TestServeCleanupHook(t *testing.T) {
 		}
 		ev.paired(t)
 	})
+}
+
+func TestConvergeWaitsOutABlipWhileServingTheHook(t *testing.T) {
+	// m0 is at its pre-terminate stage while m2's member is briefly down.
+	atHook := machineSpec{outdated: true, deleting: true, preTermOK: true}
+	for _, tc := range []struct {
+		name    string
+		recover bool
+	}{{"the member comes back: the hook is served", true}, {"it stays down: refused after the grace", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newScripted(world(atHook, machineSpec{}, machineSpec{unhealthy: true}, machineSpec{}))
+			f.onWait = func(w *Snapshot, n int) {
+				if tc.recover && n == 3 {
+					w.Members[2].Healthy = true
+				}
+			}
+			limits := fast
+			limits.Recovery = 50 * time.Millisecond
+			e, ev := engineFor(f, limits)
+			err := converge(t, e, surge1)
+			if tc.recover {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if f.calls[0] != "remove-member n0" {
+					t.Fatalf("calls %v, want m0's member removed once n2 recovered", f.calls)
+				}
+			} else {
+				if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "not releasing machine m0") || !strings.Contains(err.Error(), "n2") {
+					t.Fatalf("got %v, want exit 3 naming m0 and n2", err)
+				}
+				if len(f.calls) != 0 {
+					t.Fatalf("acted while n2 was down: %v", f.calls)
+				}
+			}
+			if !ev.find("unhealthy", progress.Waiting, "n2") {
+				t.Fatal("the wait for n2 was not reported")
+			}
+			ev.paired(t)
+		})
+	}
+}
+
+func TestConvergeTellsAJoinedMachineThatWentBadFromAJoiningOne(t *testing.T) {
+	old := machineSpec{outdated: true}
+	f := newScripted(world(old, old, old))
+	// Once r1 has joined and m0 is released (no hook left to serve), r1's node
+	// goes NotReady for good.
+	f.onWait = func(w *Snapshot, _ int) {
+		if slices.Contains(f.calls, "release m0") {
+			n := w.Nodes["node-r1"]
+			n.Ready = false
+			w.Nodes["node-r1"] = n
+		}
+	}
+	limits := fast
+	limits.Recovery = 50 * time.Millisecond // the health timeout stays a minute
+	e, _ := engineFor(f, limits)
+	err := converge(t, e, surge1)
+	if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "machine r1") || !strings.Contains(err.Error(), "not Ready") {
+		t.Fatalf("got %v, want exit 3 after the grace naming r1's node; not a health timeout", err)
+	}
 }

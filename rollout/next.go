@@ -73,6 +73,17 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		}
 		m := deleting.OldestDeletionTimestamp()
 		if WaitingForCleanup(m) {
+			// What stays must be healthy before m's member goes (KCP checks
+			// the remaining components and requeues). A blip there — a
+			// member restarting, a probe failing — is waited on like any
+			// machine that went bad, not refused at once.
+			if !IsLast(s, m) {
+				if err := Healthy(s, m); err != nil {
+					step := refuse(exitcode.Unsafef("not releasing machine %s: %w", m.Name, err))
+					step.Machine, step.Transient = m, true
+					return step
+				}
+			}
 			return Step{Action: ServeCleanupHook, Machine: m,
 				Reason: fmt.Sprintf("machine %s waits on its pre-terminate hook: remove its etcd member, then release it", m.Name)}
 		}

@@ -23,6 +23,10 @@ type Snapshot struct {
 	EtcdManaged bool
 	// Members is the etcd membership with health and leader.
 	Members []etcd.Member
+	// SeenHealthy names the machines the run has seen healthy before this
+	// snapshot: such a machine that is unhealthy now went bad — it is not
+	// still joining, whatever its node says.
+	SeenHealthy map[string]bool
 }
 
 // NewSnapshot starts a snapshot from the management cluster's view, taken now;
