@@ -348,8 +348,14 @@ func PausedBySomeoneElse(s *Snapshot) error {
 
 // StillOurs stops a run whose KubeadmControlPlane is no longer paused with
 // this tool's record — someone ran handback, or a GitOps sync reverted it:
-// acting on would race KCP itself.
+// acting on would race KCP itself — or whose Cluster was paused meanwhile
+// (clusterctl move does that): the Machine controller is then frozen, so no
+// machine would join or leave.
 func StillOurs(s *Snapshot) error {
+	if ptr.Deref(s.CP.Cluster.Spec.Paused, false) {
+		return exitcode.Unsafef("cluster %s was paused (spec.paused) during the run: the Machine controller is frozen, so no machine can join or leave; unpause it and re-run to continue",
+			s.CP.Cluster.Name)
+	}
 	if err := PausedBySomeoneElse(s); err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -58,6 +59,9 @@ type scripted struct {
 	waits  int
 	added  int
 
+	// lease is the cluster's Lease, if any.
+	lease *coordinationv1.Lease
+
 	// What an invariant monitor would see, sampled after every change.
 	maxMachines, minHealthyVoters int
 }
@@ -104,6 +108,8 @@ func (f *scripted) Read(context.Context) (*kcpstate.ControlPlane, error) {
 	}
 	return f.world.clone().CP, nil
 }
+
+func (f *scripted) Lease(context.Context) (*coordinationv1.Lease, error) { return f.lease, nil }
 
 func (f *scripted) Nodes(_ context.Context, names, _ []string) (map[string]workload.Node, error) {
 	f.mu.Lock()
@@ -685,5 +691,44 @@ func TestConvergeTellsAJoinedMachineThatWentBadFromAJoiningOne(t *testing.T) {
 	err := converge(t, e, surge1)
 	if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "machine r1") || !strings.Contains(err.Error(), "not Ready") {
 		t.Fatalf("got %v, want exit 3 after the grace naming r1's node; not a health timeout", err)
+	}
+}
+
+func TestConvergeStopsWhenTheClusterIsPaused(t *testing.T) {
+	old := machineSpec{outdated: true}
+	f := newScripted(pausedByUs(world(old, old, old)))
+	f.onWait = func(w *Snapshot, _ int) {
+		cluster := w.CP.Cluster.DeepCopy()
+		cluster.Spec.Paused = ptr.To(true) // as clusterctl move does
+		w.CP.Cluster = cluster
+	}
+	e, _ := engineFor(f, fast)
+	e.Lock = &heldLock{}
+	err := converge(t, e, surge1)
+	if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "cluster demo was paused") {
+		t.Fatalf("got %v, want exit 3 naming the paused Cluster", err)
+	}
+	if len(f.calls) != 1 {
+		t.Fatalf("acted after the Cluster was paused: %v", f.calls)
+	}
+}
+
+func TestPrepareWhileAnotherRunHoldsTheLock(t *testing.T) {
+	// Another run's operation is recorded on the KCP: a scale while an upgrade runs.
+	w := pausedByUs(world(machineSpec{}))
+	w.CP.KCP.Annotations[controlplane.RecordAnnotation] = `{"operation":"upgrade","target":"v1.36.3","who":"alice@host/pid-1"}`
+	scale := Request{Operation: "scale", Replicas: ptr.To(int32(3)), MaxSurge: 1}
+
+	f := newScripted(w)
+	e, _ := engineFor(f, fast)
+	if _, err := e.Prepare(context.Background(), scale); exitcode.Of(err) != exitcode.Unsafe {
+		t.Fatalf("no run in flight: got %v, want exit 3 for the unfinished operation", err)
+	}
+	now := metav1.NewMicroTime(time.Now())
+	f.lease = &coordinationv1.Lease{Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("alice@host/pid-1"), RenewTime: &now,
+		LeaseDurationSeconds: ptr.To(int32(15))}}
+	_, err := e.Prepare(context.Background(), scale)
+	if exitcode.Of(err) != exitcode.Locked || !strings.Contains(err.Error(), "alice@host/pid-1") {
+		t.Fatalf("run in flight: got exit %d %v, want exit 5 naming its holder", exitcode.Of(err), err)
 	}
 }

@@ -43,6 +43,12 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 		return nil, err
 	}
 	if err := CheckState(s, r); err != nil {
+		// A run in flight explains the state better than the state does: its
+		// record is not this request's, and a runbook should retry later
+		// (exit 5), not call a human (exit 3).
+		if lock := e.lockedByAnotherRun(ctx); lock != nil {
+			return nil, lock
+		}
 		return nil, err
 	}
 	want, err := Desired(ctx, s, r)
@@ -86,6 +92,27 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	return p, nil
 }
 
+// lockedByAnotherRun names the live run holding the cluster's Lease, nil when
+// there is none (or the Lease cannot be read: the refusal at hand stands).
+func (e *Engine) lockedByAnotherRun(ctx context.Context) error {
+	lease, err := e.ControlPlane.Lease(ctx)
+	if err != nil || lease == nil || !controlplane.Live(lease, time.Now()) {
+		return nil
+	}
+	key := e.ControlPlane.Key()
+	return exitcode.Lockedf("cluster %s is locked by %s, a run in flight: wait for it to finish, then re-run", key, controlplane.Holder(lease))
+}
+
+// cleanupTimeout bounds what a stopping run still does on its way out
+// (release the Lease, undo a pause it cannot keep): a Ctrl-C against an
+// unreachable API server must not hang until a second signal.
+const cleanupTimeout = 10 * time.Second
+
+// cleanupContext is ctx without its cancellation, bounded by cleanupTimeout.
+func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+}
+
 // Run performs a prepared request with the KCP hand-over around the loop:
 // take the cluster's Lease, pause the KubeadmControlPlane (and wait until KCP
 // says it is paused), record the operation, set the target, converge, then
@@ -108,7 +135,9 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 	defer func() {
 		stopKeeping()
 		<-kept // no renewal may race the release
-		if rerr := lock.Release(context.WithoutCancel(ctx)); rerr != nil && err == nil {
+		cleanupCtx, cancelCleanup := cleanupContext(ctx)
+		defer cancelCleanup()
+		if rerr := lock.Release(cleanupCtx); rerr != nil && err == nil {
 			err = fmt.Errorf("releasing the lock: %w", rerr)
 		}
 		if cause := context.Cause(runCtx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
@@ -184,7 +213,9 @@ func (e *Engine) pause(ctx context.Context, live *kcpstate.ControlPlane, r Reque
 	kcp, err := e.ControlPlane.Pause(ctx, rec, PauseTimeout, takeoverCheck)
 	if err != nil {
 		if kcp != nil {
-			_ = e.ControlPlane.Resume(context.WithoutCancel(ctx), kcp)
+			cleanupCtx, cancelCleanup := cleanupContext(ctx)
+			defer cancelCleanup()
+			_ = e.ControlPlane.Resume(cleanupCtx, kcp)
 		}
 		return err
 	}
