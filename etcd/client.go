@@ -137,8 +137,10 @@ func (c *Client) conn(node Node) (*memberConn, error) {
 		return mc, nil
 	}
 	// The endpoint only gives gRPC a name: the dialer decides where connections go, and
-	// the server certificate is checked against the CA, not against this name.
-	mc := &memberConn{node: node, target: target, endpoint: "https://etcd-" + node.Name + ".invalid:2379", cfg: &c.cfg}
+	// the server certificate is checked against the CA, not against this name. It is the
+	// name KCP uses, the member's static pod (etcd-<node>): a member sees it as TLS server
+	// name and gRPC authority, and some backends route by it.
+	mc := &memberConn{node: node, target: target, endpoint: podName(node), cfg: &c.cfg}
 	tlsConfig := c.cfg.Credentials.TLSConfig()
 	verify := tlsConfig.VerifyConnection
 	tlsConfig.VerifyConnection = func(cs tls.ConnectionState) error {

@@ -114,11 +114,17 @@ func (c *Client) members(ctx context.Context, nodes []Node) ([]Member, *memberCo
 	}
 	wg.Wait()
 
-	leader := leaderOf(members, statuses)
+	leader, leaderErr := leaderOf(members, statuses)
 	for i := range members {
 		m := &members[i]
 		st := statuses[i]
-		m.Leader = leader != 0 && m.ID == leader
+		m.Leader = leaderErr == nil && m.ID == leader
+		if leaderErr != nil && m.Started() {
+			// Nothing may be removed or moved while nobody knows who leads: every
+			// member is unhealthy until the members agree again (an election
+			// settles within seconds; the loop waits, then refuses).
+			m.Errors = append(m.Errors, "leader unknown: "+leaderErr.Error())
+		}
 		if st == nil {
 			continue
 		}
@@ -241,19 +247,37 @@ func memberFrom(pb *etcdserverpb.Member) Member {
 	}
 }
 
-// leaderOf is the leader seen by the members that answered in the highest term: a member
-// cut off from the others may still believe in an older leader.
-func leaderOf(members []Member, statuses []*clientv3.StatusResponse) uint64 {
+// leaderOf identifies the leader as KCP does, from the leader ID the members report:
+// among the members that answered (each as itself), those in the highest raft term
+// must all name the same leader, and it must be a known, started, voting member. A
+// member cut off from the others may still believe in an older term's leader, which is
+// why only the highest term counts. Anything else is an error: "unknown" is never
+// "none", or a member would be removed without its leadership being moved first.
+func leaderOf(members []Member, statuses []*clientv3.StatusResponse) (uint64, error) {
 	var term, leader uint64
+	disagree := false
 	for i, st := range statuses {
-		if st == nil || st.Leader == 0 || st.Header == nil || st.Header.MemberId != members[i].ID {
+		if st == nil || st.Header == nil || st.Header.MemberId != members[i].ID || st.Leader == 0 {
 			continue
 		}
-		if st.RaftTerm > term {
-			term, leader = st.RaftTerm, st.Leader
+		switch {
+		case st.RaftTerm > term:
+			term, leader, disagree = st.RaftTerm, st.Leader, false
+		case st.RaftTerm == term && st.Leader != leader:
+			disagree = true
 		}
 	}
-	return leader
+	switch {
+	case leader == 0:
+		return 0, errors.New("no member names a leader")
+	case disagree:
+		return 0, fmt.Errorf("members in raft term %d name different leaders", term)
+	}
+	m, ok := MemberByID(members, leader)
+	if !ok || !m.Voting() {
+		return 0, fmt.Errorf("the leader members name, %x, is not a voting member", leader)
+	}
+	return leader, nil
 }
 
 // Leader returns the leader among members, if one is known.
