@@ -9,6 +9,7 @@ import (
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -64,6 +65,19 @@ func MissingPieces(s *Snapshot) error {
 		}
 	}
 	return nil
+}
+
+// InPlaceUpdate refuses while a machine is being updated in place (CAPI's
+// InPlaceUpdates feature): KCP does nothing else until such an update
+// completes, and neither may a rollout.
+func InPlaceUpdate(s *Snapshot) error {
+	updating := s.CP.MachinesToCompleteInPlaceUpdate()
+	if updating.Len() == 0 {
+		return nil
+	}
+	m := updating.Oldest()
+	return exitcode.Unsafef("machine %s is being updated in place (annotation %s or a pending UpdateMachine hook in %s): wait until the update completes and both are gone",
+		m.Name, clusterv1.UpdateInProgressAnnotation, runtimev1.PendingHooksAnnotation)
 }
 
 // IsLast reports whether m is the only control-plane machine left.

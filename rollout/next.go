@@ -63,6 +63,9 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	if err := MissingPieces(s); err != nil {
 		return refuse(err)
 	}
+	if err := InPlaceUpdate(s); err != nil {
+		return refuse(err)
+	}
 	if deleting := Deleting(s); deleting.Len() > 0 {
 		// As KCP does: a deleting machine without the kcp-cleanup hook goes
 		// first — its member may stop without being removed, so no other

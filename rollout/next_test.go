@@ -13,6 +13,7 @@ import (
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
 
@@ -41,6 +42,9 @@ type machineSpec struct {
 	leader     bool
 	alarm      bool
 	noInfra    bool
+	// inPlace marks an in-place update in progress: its annotation, or a
+	// pending UpdateMachine hook.
+	inPlace, updateHook bool
 }
 
 func world(specs ...machineSpec) *Snapshot {
@@ -72,6 +76,12 @@ func world(specs ...machineSpec) *Snapshot {
 		}
 		if sp.deleteMark {
 			m.Annotations[clusterv1.DeleteMachineAnnotation] = ""
+		}
+		if sp.inPlace {
+			m.Annotations[clusterv1.UpdateInProgressAnnotation] = ""
+		}
+		if sp.updateHook {
+			m.Annotations[runtimev1.PendingHooksAnnotation] = "UpdateMachine"
 		}
 		if sp.deleting {
 			m.DeletionTimestamp = ptr.To(metav1.NewTime(base.Add(time.Duration(30+i) * time.Minute)))
@@ -154,6 +164,8 @@ func TestNext(t *testing.T) {
 		{name: "a deleting machine without the hook goes before any hook is served",
 			s: world(machineSpec{outdated: true, deleting: true, preTermOK: true}, machineSpec{outdated: true, deleting: true, noHook: true}, cur), t: upgrade, action: AwaitDeletion, machine: "m1"},
 		{name: "a KCP version changed by someone else stops the run", s: world(cur, cur, cur), t: Target{Replicas: 3, MaxSurge: 1, Version: "v1.37.0"}, action: Refuse, code: exitcode.Unsafe, says: "someone changed it"},
+		{name: "an in-place update in progress is refused", s: world(old, machineSpec{inPlace: true}, old), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "machine m1 is being updated in place"},
+		{name: "a pending UpdateMachine hook is refused", s: world(cur, cur, machineSpec{updateHook: true}), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "machine m2 is being updated in place"},
 		{name: "no machine at all is refused", s: world(), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "no control-plane machine"},
 	}
 	for _, tc := range cases {
