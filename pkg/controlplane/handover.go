@@ -80,9 +80,17 @@ type TakeoverCheck func(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmC
 // The patch carries the resourceVersion the takeover was checked on, so a
 // KubeadmControlPlane that changed in between (paused by someone else, a
 // remediation started) is checked again rather than taken over blindly.
+//
+// Only a Paused condition that KCP set after this pause counts: right after a
+// previous hand-back, KCP may not yet have recomputed the True it reported
+// while paused, and a reconcile with an unpaused view may still be running.
+// So a True seen before the pause must first turn False.
 func (c *Client) Pause(ctx context.Context, rec Record, timeout time.Duration, mayTakeOver TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
 	raw, err := json.Marshal(rec)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.awaitUnpausedView(ctx, timeout); err != nil {
 		return nil, err
 	}
 	var kcp *controlplanev1.KubeadmControlPlane
@@ -135,6 +143,27 @@ func (c *Client) Pause(ctx context.Context, rec Record, timeout time.Duration, m
 			kcp.Name, controlplanev1.RemediationInProgressAnnotation)
 	}
 	return kcp, nil
+}
+
+// awaitUnpausedView waits until the KCP controller no longer reports a
+// Paused=True left from before: a KubeadmControlPlane without the pause
+// annotation that still says Paused has not been reconciled since it was
+// unpaused.
+func (c *Client) awaitUnpausedView(ctx context.Context, timeout time.Duration) error {
+	var name string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		_, kcp, err := c.readKCP(ctx)
+		if err != nil {
+			return false, err
+		}
+		name = kcp.Name
+		_, annotated := kcp.Annotations[clusterv1.PausedAnnotation]
+		return annotated || !conditions.IsTrue(kcp, clusterv1.PausedCondition), nil
+	})
+	if err != nil && ctx.Err() == nil && wait.Interrupted(err) {
+		return exitcode.Timeoutf("KubeadmControlPlane %s: the KCP controller still reports Paused from before, %s after it was unpaused (is the controller running?)", name, timeout)
+	}
+	return err
 }
 
 // SetTarget patches spec.version and spec.replicas (nil leaves a field alone).
