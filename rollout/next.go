@@ -124,13 +124,13 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	count := int32(machines.Len())
 	switch {
 	case count < t.Replicas:
-		return create(ctx, s, fmt.Sprintf("%d of %d control-plane machines", count, t.Replicas))
+		return create(ctx, s, t, fmt.Sprintf("%d of %d control-plane machines", count, t.Replicas))
 	case count > t.Replicas:
 		return remove(ctx, s, outdated, fmt.Sprintf("%d control-plane machines, %d wanted", count, t.Replicas))
 	case outdated.Len() == 0:
 		return Step{Action: Done, Reason: fmt.Sprintf("%d control-plane machines, all up to date", count)}
 	case t.MaxSurge > 0:
-		return create(ctx, s, fmt.Sprintf("%d machine(s) to replace, surge first", outdated.Len()))
+		return create(ctx, s, t, fmt.Sprintf("%d machine(s) to replace, surge first", outdated.Len()))
 	default:
 		return remove(ctx, s, outdated, fmt.Sprintf("%d machine(s) to replace, no spare capacity: delete first", outdated.Len()))
 	}
@@ -157,12 +157,17 @@ func deletionReason(m *clusterv1.Machine) string {
 }
 
 // create places one new machine in the failure domain KCP would pick: the one
-// with the fewest up-to-date machines.
-func create(ctx context.Context, s *Snapshot, why string) Step {
+// with the fewest up-to-date machines. A machine named for replacement counts
+// as outdated there too, so its replacement lands in its domain when the
+// domains are otherwise balanced (KCP never rebalances afterwards).
+func create(ctx context.Context, s *Snapshot, t Target, why string) Step {
 	if err := SafeToAdd(s); err != nil {
 		return refuse(err)
 	}
-	fd, err := s.CP.NextFailureDomainForScaleUp(ctx)
+	view := *s.CP
+	view.MachinesNotUpToDate = s.CP.MachinesNotUpToDate.Filter() // a copy to add to
+	view.MachinesNotUpToDate.Insert(NeedingRollout(s, t).UnsortedList()...)
+	fd, err := view.NextFailureDomainForScaleUp(ctx)
 	if err != nil {
 		return refuse(err)
 	}

@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -280,6 +281,60 @@ func TestPlan(t *testing.T) {
 			}
 			if len(tc.s.CP.Machines) != before {
 				t.Fatal("planning changed the snapshot it was given")
+			}
+		})
+	}
+}
+
+// spread puts the world's machines into failure domains fd1, fd2, … in turn,
+// and declares those domains for control-plane machines on the Cluster.
+func spread(s *Snapshot, domains int) *Snapshot {
+	for i := 1; i <= domains; i++ {
+		s.CP.Cluster.Status.FailureDomains = append(s.CP.Cluster.Status.FailureDomains,
+			clusterv1.FailureDomain{Name: fmt.Sprintf("fd%d", i), ControlPlane: ptr.To(true)})
+	}
+	for i, m := range s.CP.Machines.SortedByCreationTimestamp() {
+		m.Spec.FailureDomain = fmt.Sprintf("fd%d", i%domains+1)
+	}
+	return s
+}
+
+// After a rollout over three failure domains, each holds one machine: losing
+// a domain must never cost quorum.
+func TestFailureDomainsStaySpread(t *testing.T) {
+	old, cur := machineSpec{outdated: true}, machineSpec{}
+	cases := []struct {
+		name string
+		s    *Snapshot
+		t    Target
+	}{
+		{"upgrade surge 1", spread(world(old, old, old), 3), Target{Replicas: 3, MaxSurge: 1}},
+		{"upgrade surge 0", spread(world(old, old, old), 3), Target{Replicas: 3, MaxSurge: 0}},
+		{"replace m0", spread(world(cur, cur, cur), 3), Target{Replicas: 3, MaxSurge: 1, Replace: "m0"}},
+		{"replace m1", spread(world(cur, cur, cur), 3), Target{Replicas: 3, MaxSurge: 1, Replace: "m1"}},
+		{"replace m2", spread(world(cur, cur, cur), 3), Target{Replicas: 3, MaxSurge: 1, Replace: "m2"}},
+		{"replace m1 with surge 0", spread(world(cur, cur, cur), 3), Target{Replicas: 3, MaxSurge: 0, Replace: "m1"}},
+		{"scale 1 to 3", spread(world(cur), 3), Target{Replicas: 3, MaxSurge: 1}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			end := tc.s.clone()
+			for n, step := range Plan(context.Background(), tc.s, tc.t) {
+				switch step.Action {
+				case Create:
+					end.join(fmt.Sprintf("new-%d", n+1), step.FailureDomain)
+				case Delete:
+					end.remove(step.Machine)
+				default:
+					t.Fatalf("unexpected step %s %s", step.Action, step.Reason)
+				}
+			}
+			perDomain := map[string]int{}
+			for _, m := range end.CP.Machines {
+				perDomain[m.Spec.FailureDomain]++
+			}
+			if len(perDomain) != 3 || perDomain["fd1"] != 1 || perDomain["fd2"] != 1 || perDomain["fd3"] != 1 {
+				t.Fatalf("machines per failure domain after the plan: %v, want one in each", perDomain)
 			}
 		})
 	}
