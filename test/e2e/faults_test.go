@@ -191,7 +191,8 @@ func TestLeaseLostMidRun(t *testing.T) {
 // The management API server restarts while the tool waits: it reconnects and
 // finishes.
 //
-// Not parallel: the tool keeps its Lease only while the API server answers
+// Not parallel, and `make test` runs it alone after everything else
+// (E2E_ALONE): the tool keeps its Lease only while the API server answers
 // within the renewal deadline, and a restart beside other simulators on two
 // busy cores can outlast it (the run then rightly stops, exit 5, "lost the
 // lock"). Alone, the restart takes a few seconds, as on a real control plane.
