@@ -22,7 +22,7 @@ TEST_TIMEOUT   ?= 45m
 # two at a time by pkg/sim/simtest.
 TEST_PARALLEL  ?= 4
 
-.PHONY: all build demo sim test test-faults bench envtest lint release-check clean
+.PHONY: all build demo sim test test-e2e test-packages test-faults bench envtest lint release-check clean
 all: build
 
 build: ## bin/kubectl-cp_rollout, its kubectl completion helper, bin/cp-rollout-sim
@@ -43,8 +43,22 @@ sim: build ## run the simulator in the foreground for your own experiments
 envtest:
 	@hack/envtest-binaries.sh >/dev/null
 
-test: lint ## everything CI runs
-	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) ./...
+test: lint envtest ## everything CI runs
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-e2e test-packages
+	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) $(GO) test $(TEST_FLAGS) -run '$(E2E_ALONE)' ./test/e2e
+
+# test/e2e takes longest by far. `go test ./...` would start it only after the
+# packages sorted before it, so it runs as a second go test of its own beside
+# them; --output-sync keeps each one's output together. E2E_ALONE runs after
+# both, with nothing beside it: the management API server restart must take
+# seconds, as it does on a real control plane, not the minute it can take
+# beside a dozen simulated API servers (the tool then rightly gives up its Lease).
+TEST_FLAGS := -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL)
+E2E_ALONE  := ^TestManagementAPIServerRestart$$
+test-e2e:
+	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) $(GO) test $(TEST_FLAGS) -skip '$(E2E_ALONE)' ./test/e2e
+test-packages:
+	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v /test/e2e)
 
 test-faults: ## the fault, crash and bad-input suite, with SIGKILL at every step boundary (about 25 minutes)
 	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) CP_ROLLOUT_FULL_KILL_MATRIX=1 \

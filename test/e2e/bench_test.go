@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -74,21 +75,20 @@ func timeKCPUpgrade(b *testing.B, opts sim.Options) time.Duration {
 	if err := s.ManagementClient().Patch(ctx, kcp, patch); err != nil {
 		b.Fatal(err)
 	}
-	for {
+	simtest.Eventually(b, 15*time.Minute, "KCP upgrading every machine to "+to, func(ctx context.Context) (bool, string, error) {
 		machines, err := s.Machines(ctx)
-		done := err == nil && len(machines) == 3
-		for _, m := range machines {
-			done = done && m.Spec.Version == to
+		if err != nil {
+			return false, "", err
 		}
-		if done {
-			if ok, _, _ := s.Ready(ctx); ok {
-				return time.Since(began)
+		for _, m := range machines {
+			if m.Spec.Version != to {
+				return false, "machine " + m.Name + " at " + m.Spec.Version, nil
 			}
 		}
-		select {
-		case <-ctx.Done():
-			b.Fatal("KCP did not finish the upgrade in time")
-		case <-time.After(100 * time.Millisecond):
+		if len(machines) != 3 {
+			return false, fmt.Sprintf("%d machines", len(machines)), nil
 		}
-	}
+		return s.Ready(ctx)
+	})
+	return time.Since(began)
 }

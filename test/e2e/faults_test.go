@@ -190,8 +190,13 @@ func TestLeaseLostMidRun(t *testing.T) {
 
 // The management API server restarts while the tool waits: it reconnects and
 // finishes.
+//
+// Not parallel, and `make test` runs it alone after everything else
+// (E2E_ALONE): the tool keeps its Lease only while the API server answers
+// within the renewal deadline, and a restart beside other simulators on two
+// busy cores can outlast it (the run then rightly stops, exit 5, "lost the
+// lock"). Alone, the restart takes a few seconds, as on a real control plane.
 func TestManagementAPIServerRestart(t *testing.T) {
-	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -88,6 +88,19 @@ func watchInvariants(t *testing.T, e *env, maxMachines, minHealthy int) *monitor
 	return m
 }
 
+// memberNodes are the simulated nodes whose etcd member runs, with the
+// addresses the monitor reaches them on.
+func (m *monitor) memberNodes() []etcd.Node {
+	var nodes []etcd.Node
+	for _, n := range m.e.Sim.Nodes() {
+		if n.EtcdClientURL != "" {
+			nodes = append(nodes, etcd.Node{Name: n.Name, IP: n.IP})
+		}
+	}
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+	return nodes
+}
+
 func (m *monitor) breach(format string, a ...any) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -111,13 +124,7 @@ func (m *monitor) sample(ctx context.Context) {
 	if err != nil {
 		return // the management API server may be restarting in a fault scenario
 	}
-	var nodes []etcd.Node
-	for _, n := range m.e.Sim.Nodes() {
-		if n.EtcdClientURL != "" {
-			nodes = append(nodes, etcd.Node{Name: n.Name, IP: n.IP})
-		}
-	}
-	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+	nodes := m.memberNodes()
 	var members []etcd.Member
 	if len(nodes) > 0 {
 		members, _ = m.etcd.Members(ctx, nodes)
@@ -148,8 +155,9 @@ func (m *monitor) sample(ctx context.Context) {
 		if voting > 0 && (healthy < voting/2+1 || healthy < m.minHealthy) {
 			// One probe of each member can fail on a starved machine without
 			// the member being down: a breach must still be there when asked
-			// again at once.
-			if again, err := m.etcd.Members(ctx, nodes); err == nil {
+			// again at once. The nodes are read again too: a member promoted
+			// while the first probe ran has its address only now.
+			if again, err := m.etcd.Members(ctx, m.memberNodes()); err == nil {
 				members = again
 				voting, healthy = count(members)
 			}

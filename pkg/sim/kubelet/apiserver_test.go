@@ -41,7 +41,9 @@ type simNode struct {
 // port reaches its own node's target, with every dialer the tool, kubectl and
 // KCP use. The API server runs with envtest's flags only: none are added.
 func TestPortForwardThroughAPIServer(t *testing.T) {
-	env := &envtest.Environment{BinaryAssetsDirectory: envtestAssets(t)}
+	// A busy two-core machine can take longer than envtest's 20 s default to
+	// start a kube-apiserver; the simulator allows a minute too.
+	env := &envtest.Environment{BinaryAssetsDirectory: envtestAssets(t), ControlPlaneStartTimeout: time.Minute, ControlPlaneStopTimeout: time.Minute}
 	start := time.Now()
 	cfg, err := env.Start()
 	if err != nil {

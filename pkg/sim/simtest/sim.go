@@ -8,6 +8,7 @@ package simtest
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -26,12 +27,27 @@ import (
 // on an idle two-core machine, several times that when the machine is busy.
 const startTimeout = 3 * time.Minute
 
-// starting admits two simulator start-ups at a time. Starting two API servers
-// and their CRDs keeps both cores busy for several seconds, while a running
-// scenario mostly waits: parallel tests overlap their scenarios, and this
-// keeps a burst of them from starting a dozen API servers at once, each then
-// too slow for envtest's start-up timeout.
-var starting = make(chan struct{}, 2)
+// startSlots admit two simulator start-ups at a time on the machine, across
+// test binaries. Starting two API servers and their CRDs keeps both cores busy
+// for several seconds, while a running scenario mostly waits: parallel tests
+// overlap their scenarios, and this keeps a burst of them (`make test` runs
+// test/e2e beside pkg/sim) from starting a dozen API servers at once, each
+// then too slow for its start-up timeout. A slot is held, like a /24, by
+// listening on an address of its own, outside the range AddressPrefix hands
+// out.
+var startSlots = []string{"127.99.255.1:2379", "127.99.255.2:2379"}
+
+// takeStartSlot waits for a free start-up slot and returns its release.
+func takeStartSlot() func() {
+	for {
+		for _, addr := range startSlots {
+			if ln, err := net.Listen("tcp", addr); err == nil {
+				return func() { _ = ln.Close() }
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
 
 // Env is a running simulator and a kubeconfig file for its management cluster
 // whose current context is the Cluster's namespace, so kubectl and the plugin
@@ -117,12 +133,12 @@ func start(t testing.TB, opts sim.Options, dir string) (*Env, func() error, erro
 	if opts.Log.GetSink() == nil {
 		opts.Log = Logger()
 	}
-	starting <- struct{}{}
+	release := takeStartSlot()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	began := time.Now()
 	s, err := sim.Start(ctx, opts)
-	<-starting
+	release()
 	if err != nil {
 		return nil, nil, fmt.Errorf("starting the simulator: %w", err)
 	}
