@@ -14,6 +14,11 @@ LDFLAGS := -X $(PKG)/pkg/version.version=$(VERSION) \
 CACHE_DIR      ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cp-rollout
 GORELEASER_VER := v2.15.1
 GORELEASER     := $(CACHE_DIR)/tools/goreleaser-$(GORELEASER_VER)/goreleaser
+# krew and its manifest validator, built from the Go module proxy (v0.4.4 is
+# the newest it serves) for release-check.
+KREW_VER       := v0.4.4
+KREW_DIR       := $(CACHE_DIR)/tools/krew-$(KREW_VER)
+KREW           := $(KREW_DIR)/kubectl-krew
 TEST_TIMEOUT   ?= 45m
 # Tests run in parallel this many at a time within a package (go test's
 # -parallel, GOMAXPROCS by default). Simulator scenarios mostly wait on
@@ -75,11 +80,26 @@ lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
+# Tool builds print nothing unless they fail; a half-built tool is never left
+# under its final name, so an interrupted build is redone.
 $(GORELEASER):
-	GOBIN=$(dir $@) $(GO) install github.com/goreleaser/goreleaser/v2@$(GORELEASER_VER)
+	@echo "installing goreleaser $(GORELEASER_VER) into $(dir $@) (once)"
+	@mkdir -p $(dir $@)
+	@GOBIN=$(dir $@) $(GO) install github.com/goreleaser/goreleaser/v2@$(GORELEASER_VER) >$(dir $@)install.log 2>&1 \
+		|| { cat $(dir $@)install.log; exit 1; }
 
-release-check: $(GORELEASER) ## validate .goreleaser.yaml
-	$(GORELEASER) check
+# kubectl finds krew as kubectl-krew; the validator lands beside it.
+$(KREW):
+	@echo "installing krew $(KREW_VER) into $(KREW_DIR) (once)"
+	@rm -rf $(KREW_DIR).tmp && mkdir -p $(KREW_DIR).tmp
+	@GOBIN=$(KREW_DIR).tmp $(GO) install sigs.k8s.io/krew/cmd/krew@$(KREW_VER) \
+		sigs.k8s.io/krew/cmd/validate-krew-manifest@$(KREW_VER) >$(KREW_DIR).tmp/install.log 2>&1 \
+		|| { cat $(KREW_DIR).tmp/install.log; exit 1; }
+	@mv $(KREW_DIR).tmp/krew $(KREW_DIR).tmp/kubectl-krew
+	@rm -rf $(KREW_DIR) && mv $(KREW_DIR).tmp $(KREW_DIR)
+
+release-check: $(GORELEASER) $(KREW) ## snapshot release for this platform, krew manifest validated, installed by krew, run
+	@hack/release-check.sh $(GORELEASER) $(KREW_DIR)
 
 clean:
 	rm -rf bin dist
