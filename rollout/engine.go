@@ -18,12 +18,14 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
@@ -67,6 +69,8 @@ type ControlPlane interface {
 type Workload interface {
 	// Nodes reads the health of the named nodes and their static pods.
 	Nodes(ctx context.Context, names []string, components []string) (map[string]workload.Node, error)
+	// NodeByProviderID names the one node with that provider ID, or "".
+	NodeByProviderID(ctx context.Context, providerID string) (string, error)
 	// PrepareRollout updates what kubeadm reads on the workload cluster before
 	// machines of a new version join, as KCP does.
 	PrepareRollout(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, etcdManaged bool) error
@@ -120,6 +124,9 @@ func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := e.findUnreferencedNodes(ctx, cp); err != nil {
+		return nil, err
+	}
 	s := NewSnapshot(cp)
 	if s.EtcdManaged && e.Etcd == nil {
 		return nil, fmt.Errorf("KubeadmControlPlane %s manages etcd but no etcd client is configured", cp.KCP.Name)
@@ -142,6 +149,33 @@ func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
 	}
 	e.rememberHealthy(s)
 	return s, nil
+}
+
+// findUnreferencedNodes gives a deleting machine whose nodeRef was never set
+// the node its provider ID names, as KCP does when it serves the pre-terminate
+// hook: without it, the machine would be released while its etcd member stays.
+func (e *Engine) findUnreferencedNodes(ctx context.Context, cp *kcpstate.ControlPlane) error {
+	for _, m := range cp.Machines.Filter(collections.HasDeletionTimestamp, collections.Not(collections.HasNode())) {
+		providerID := m.Spec.ProviderID
+		if providerID == "" {
+			if infra := cp.InfraResources[m.Name]; infra != nil {
+				providerID, _, _ = unstructured.NestedString(infra.Object, "spec", "providerID")
+			}
+		}
+		if providerID == "" {
+			continue
+		}
+		node, err := e.Workload.NodeByProviderID(ctx, providerID)
+		if err != nil {
+			return err
+		}
+		if node != "" {
+			found := m.DeepCopy()
+			found.Status.NodeRef.Name = node
+			cp.Machines.Insert(found)
+		}
+	}
+	return nil
 }
 
 // rememberHealthy hands s what earlier reads saw healthy, then adds what is

@@ -121,6 +121,17 @@ func (f *scripted) Nodes(_ context.Context, names, _ []string) (map[string]workl
 	return nodes, nil
 }
 
+func (f *scripted) NodeByProviderID(_ context.Context, providerID string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if name, ok := strings.CutPrefix(providerID, "sim://"); ok {
+		if _, exists := f.world.Nodes[name]; exists {
+			return name, nil
+		}
+	}
+	return "", nil
+}
+
 func (f *scripted) Members(context.Context, []etcd.Node) ([]etcd.Member, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -730,5 +741,21 @@ func TestPrepareWhileAnotherRunHoldsTheLock(t *testing.T) {
 	_, err := e.Prepare(context.Background(), scale)
 	if exitcode.Of(err) != exitcode.Locked || !strings.Contains(err.Error(), "alice@host/pid-1") {
 		t.Fatalf("run in flight: got exit %d %v, want exit 5 naming its holder", exitcode.Of(err), err)
+	}
+}
+
+func TestServeCleanupHookFindsTheNodeByProviderID(t *testing.T) {
+	// m0 lost (or never got) its nodeRef, but its node n0 and member n0 are there.
+	f := newScripted(world(machineSpec{outdated: true, deleting: true, preTermOK: true}, machineSpec{}, machineSpec{}, machineSpec{}))
+	m0 := f.machine("m0")
+	m0.Status.NodeRef = clusterv1.MachineNodeReference{}
+	m0.Spec.ProviderID = "sim://n0"
+	f.world.CP.Machines.Insert(m0)
+	e, _ := engineFor(f, fast)
+	if err := converge(t, e, surge1); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(f.calls, ", "); got != "remove-member n0, release m0" {
+		t.Fatalf("calls %s; want m0's member, found through its provider ID, removed before the release", got)
 	}
 }

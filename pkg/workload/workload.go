@@ -80,6 +80,27 @@ func (n Node) Problem(components []string) string {
 	return ""
 }
 
+// NodeByProviderID names the node whose spec.providerID is providerID, "" when
+// not exactly one has it. It lists every node (the API server offers no field
+// selector on providerID), so it is only for the rare machine whose nodeRef
+// was never set.
+func (c *Client) NodeByProviderID(ctx context.Context, providerID string) (string, error) {
+	nodes, err := c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "", fmt.Errorf("workload cluster %s: listing nodes: %w", c.Name, err)
+	}
+	var found []string
+	for _, n := range nodes.Items {
+		if n.Spec.ProviderID == providerID {
+			found = append(found, n.Name)
+		}
+	}
+	if len(found) != 1 {
+		return "", nil
+	}
+	return found[0], nil
+}
+
 // Nodes reads each named node and its static pods. A node or pod that does not
 // exist is reported as such, not as an error: it is a state to wait on.
 func (c *Client) Nodes(ctx context.Context, names []string, components []string) (map[string]Node, error) {
