@@ -194,8 +194,17 @@ func (m *monitor) sample(ctx context.Context) {
 		if !mc.DeletionTimestamp.IsZero() && node != "" && !m.infraGoing[mc.Name] {
 			infra, err := external.GetObjectFromContractVersionedRef(ctx, c, mc.Spec.InfrastructureRef, mc.Namespace)
 			if err == nil && infra.GetDeletionTimestamp() != nil && !m.seen(m.infraGoing, mc.Name) {
-				if mb, ok := member(node); ok && members != nil {
-					m.breach("InfraMachine of %s started deleting while its etcd member %s is still listed", mc.Name, mb)
+				// The members were listed before the InfraMachine was read: on a
+				// starved machine the member may have been removed in between.
+				// Only a member still listed now, after the deletion was seen,
+				// outlived it.
+				if _, ok := member(node); ok && members != nil {
+					if now, err := m.etcd.Members(ctx, m.memberNodes()); err == nil {
+						members = now
+						if mb, ok := member(node); ok {
+							m.breach("InfraMachine of %s started deleting while its etcd member %s is still listed", mc.Name, mb)
+						}
+					}
 				}
 			}
 		}
