@@ -195,6 +195,8 @@ func (e *Engine) serveCleanupHook(ctx context.Context, s *Snapshot, m *clusterv1
 	if !IsLast(s, m) {
 		// What stays must be healthy, whatever the etcd mode (KCP checks the
 		// remaining control-plane components before releasing any machine).
+		// Next only answers ServeCleanupHook when it is; this refuses callers
+		// that did not ask Next.
 		if err := Healthy(s, m); err != nil {
 			return fmt.Errorf("not releasing machine %s: %w", m.Name, err)
 		}
