@@ -11,8 +11,10 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
@@ -757,5 +759,65 @@ func TestServeCleanupHookFindsTheNodeByProviderID(t *testing.T) {
 	}
 	if got := strings.Join(f.calls, ", "); got != "remove-member n0, release m0" {
 		t.Fatalf("calls %s; want m0's member, found through its provider ID, removed before the release", got)
+	}
+}
+
+// The scripted control plane's hand-over, for takeOver: the pause is granted
+// at once, and SetTarget answers what setTargetErr says.
+type handover struct {
+	*scripted
+	setTargetErr error
+}
+
+func (h *handover) Pause(_ context.Context, rec controlplane.Record, _ time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := mayTakeOver(h.world.CP.Cluster, h.world.CP.KCP); err != nil {
+		return nil, err
+	}
+	h.record("pause")
+	pausedByUs(h.world)
+	return h.world.CP.KCP, nil
+}
+
+func (h *handover) SetTarget(context.Context, *controlplanev1.KubeadmControlPlane, string, *int32) error {
+	h.record("set-target")
+	return h.setTargetErr
+}
+
+func (h *handover) Resume(context.Context, *controlplanev1.KubeadmControlPlane) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.record("resume")
+	h.world.CP.KCP.Annotations = nil
+	return nil
+}
+
+func TestRejectedTargetIsHandedBackAtOnce(t *testing.T) {
+	denied := apierrors.NewForbidden(schema.GroupResource{Group: controlplanev1.GroupVersion.Group, Resource: "kubeadmcontrolplanes"}, "demo-cp",
+		errors.New(`admission webhook "policy.example.com" denied the request: version v1.36.3 is not allowed`))
+	for _, tc := range []struct {
+		name  string
+		err   error
+		code  int
+		calls string
+	}{
+		{"rejected by admission: handed back, bad input", denied, exitcode.Usage, "pause, set-target, resume"},
+		{"failed otherwise: left paused for a re-run", errors.New("connection reset by peer"), exitcode.Failure, "pause, set-target"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &handover{scripted: newScripted(world(machineSpec{outdated: true})), setTargetErr: tc.err}
+			e := &Engine{ControlPlane: h, Workload: h, Etcd: h, Changes: h, Timeouts: fast}
+			err := e.takeOver(context.Background(), Request{Operation: "upgrade", Version: "v1.36.3"})
+			if exitcode.Of(err) != tc.code {
+				t.Fatalf("exit %d (%v), want %d", exitcode.Of(err), err, tc.code)
+			}
+			if got := strings.Join(h.calls, ", "); got != tc.calls {
+				t.Fatalf("calls %s, want %s", got, tc.calls)
+			}
+			if tc.code == exitcode.Usage && !strings.Contains(err.Error(), "policy.example.com") {
+				t.Fatalf("%v does not give the server's reason", err)
+			}
+		})
 	}
 }

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
 
@@ -173,7 +175,8 @@ func (e *Engine) takeOver(ctx context.Context, r Request) error {
 	if err != nil {
 		return err
 	}
-	if rec == nil {
+	pausedNow := rec == nil
+	if pausedNow {
 		if err := e.pause(ctx, live, r); err != nil {
 			return err
 		}
@@ -186,7 +189,7 @@ func (e *Engine) takeOver(ctx context.Context, r Request) error {
 		return err
 	}
 	if err := e.ControlPlane.SetTarget(ctx, live.KCP, r.Version, r.Replicas); err != nil {
-		return err
+		return e.targetRejected(ctx, live.KCP, pausedNow, err)
 	}
 	if live, err = e.ControlPlane.Read(ctx); err != nil {
 		return err
@@ -201,6 +204,27 @@ func (e *Engine) takeOver(ctx context.Context, r Request) error {
 		return e.prepareWorkload(ctx, live)
 	}
 	return nil
+}
+
+// targetRejected answers a failed SetTarget. An admission webhook or policy
+// (CAPI's own, Kyverno, Gatekeeper, a ValidatingAdmissionPolicy) that
+// rejects the target is bad input: nothing has changed yet, so a pause this
+// run set is handed back at once and the server's reason is the one line the
+// user sees (exit 2). Any other failure leaves the pause and record for a
+// re-run, as every interruption does.
+func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, pausedNow bool, err error) error {
+	if !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) {
+		return err
+	}
+	if pausedNow {
+		cleanupCtx, cancel := cleanupContext(ctx)
+		defer cancel()
+		if rerr := e.ControlPlane.Resume(cleanupCtx, kcp); rerr != nil {
+			return fmt.Errorf("the API server rejected the target (%v), and handing KubeadmControlPlane %s back failed: %w", err, kcp.Name, rerr)
+		}
+		e.note("handback", "the target was rejected; KubeadmControlPlane "+kcp.Name+" unpaused, nothing changed")
+	}
+	return exitcode.Usagef("the API server rejected the target: %v", err)
 }
 
 // pause pauses the KubeadmControlPlane with this run's record and waits until
