@@ -2,14 +2,9 @@ package etcd_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
-	"math/big"
 	"net"
 	"sync"
 	"testing"
@@ -99,7 +94,7 @@ func TestMembersAreDialledUnderKCPsNames(t *testing.T) {
 }
 
 // issueServerCert signs a serving certificate with the CA, as kubeadm does
-// for a member.
+// for a member, with CAPI's own certificate helpers.
 func issueServerCert(t *testing.T, caPEM, caKeyPEM []byte) tls.Certificate {
 	t.Helper()
 	ca, err := certs.DecodeCertPEM(caPEM)
@@ -110,23 +105,15 @@ func issueServerCert(t *testing.T, caPEM, caKeyPEM []byte) tls.Certificate {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, err := certs.NewPrivateKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(7),
-		Subject:      pkix.Name{CommonName: "ip-10-0-0-7"},
-		DNSNames:     []string{"ip-10-0-0-7", "localhost"},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-		NotBefore:    time.Now().Add(-time.Minute),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	cfg := certs.Config{CommonName: "ip-10-0-0-7", Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		AltNames: certs.AltNames{DNSNames: []string{"ip-10-0-0-7", "localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}}}
+	cert, err := cfg.NewSignedCert(key, ca, caKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key}
 }
