@@ -189,18 +189,12 @@ func (e *Engine) delete(ctx context.Context, m *clusterv1.Machine, why string) (
 // serveCleanupHook does what KCP's reconcilePreTerminateHook does for a
 // deleting machine that waits on kcp-cleanup: for the last machine, a machine
 // without a node, an unnamed member or external etcd, just release it;
-// otherwise check the control plane that remains, move leadership off its
-// member if needed, remove the member, then release it.
+// otherwise move leadership off its member if needed, remove the member, then
+// release it.
+//
+// What stays must be healthy first, whatever the etcd mode: Next answers
+// ServeCleanupHook only when it is, and waits on it otherwise.
 func (e *Engine) serveCleanupHook(ctx context.Context, s *Snapshot, m *clusterv1.Machine) error {
-	if !IsLast(s, m) {
-		// What stays must be healthy, whatever the etcd mode (KCP checks the
-		// remaining control-plane components before releasing any machine).
-		// Next only answers ServeCleanupHook when it is; this refuses callers
-		// that did not ask Next.
-		if err := Healthy(s, m); err != nil {
-			return fmt.Errorf("not releasing machine %s: %w", m.Name, err)
-		}
-	}
 	if member, ok := MemberOf(s, m); ok && !IsLast(s, m) && s.EtcdManaged {
 		removed, err := e.removeMember(ctx, s, m, member)
 		if err != nil || !removed {

@@ -621,9 +621,10 @@ func TestServeCleanupHook(t *testing.T) {
 	})
 	t.Run("an unhealthy remainder keeps the hook", func(t *testing.T) {
 		f := newScripted(world(atHook, machineSpec{}, machineSpec{unhealthy: true}))
-		e, _ := engineFor(f, fast)
-		s := f.world.clone()
-		err := e.serveCleanupHook(context.Background(), s, s.CP.Machines.Oldest())
+		limits := fast
+		limits.Recovery = 30 * time.Millisecond
+		e, _ := engineFor(f, limits)
+		err := converge(t, e, surge1)
 		if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "not releasing machine m0") || !strings.Contains(err.Error(), "n2") {
 			t.Fatalf("got %v, want a refusal naming m0 and n2", err)
 		}
