@@ -57,6 +57,8 @@ type ControlPlane interface {
 	// The hand-over: lock, pause with a record, target, hand back.
 	Acquire(ctx context.Context, holder string) (*controlplane.Lock, error)
 	Lease(ctx context.Context) (*coordinationv1.Lease, error)
+	// LockedBy is the refusal a run meets while lease's live holder runs.
+	LockedBy(lease *coordinationv1.Lease) error
 	BreakLock(ctx context.Context, force bool) (string, error)
 	Pause(ctx context.Context, rec controlplane.Record, timeout time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error)
 	SetTarget(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32) error

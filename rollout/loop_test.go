@@ -113,6 +113,10 @@ func (f *scripted) Read(context.Context) (*kcpstate.ControlPlane, error) {
 
 func (f *scripted) Lease(context.Context) (*coordinationv1.Lease, error) { return f.lease, nil }
 
+func (f *scripted) LockedBy(lease *coordinationv1.Lease) error {
+	return exitcode.Lockedf("cluster default/demo is locked by %s", controlplane.Holder(lease))
+}
+
 func (f *scripted) Nodes(_ context.Context, names, _ []string) (map[string]workload.Node, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

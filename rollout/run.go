@@ -101,8 +101,7 @@ func (e *Engine) lockedByAnotherRun(ctx context.Context) error {
 	if err != nil || lease == nil || !controlplane.Live(lease, time.Now()) {
 		return nil
 	}
-	key := e.ControlPlane.Key()
-	return exitcode.Lockedf("cluster %s is locked by %s, a run in flight: wait for it to finish, then re-run", key, controlplane.Holder(lease))
+	return e.ControlPlane.LockedBy(lease)
 }
 
 // cleanupTimeout bounds what a stopping run still does on its way out

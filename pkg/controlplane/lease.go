@@ -54,6 +54,12 @@ func Live(l *coordinationv1.Lease, now time.Time) bool {
 	return now.Before(l.Spec.RenewTime.Add(d))
 }
 
+// LockedBy is the refusal a run meets while lease's live holder runs (exit 5).
+func (c *Client) LockedBy(lease *coordinationv1.Lease) error {
+	return exitcode.Lockedf("cluster %s/%s is locked by %s: wait for that run, or if it is gone, for the lock to expire (%s)",
+		c.Namespace, c.Cluster, Holder(lease), LeaseDuration)
+}
+
 // Acquire takes the cluster's Lease for holder, or fails with exit code 5
 // naming the live holder. An expired Lease is taken over.
 func (c *Client) Acquire(ctx context.Context, holder string) (*Lock, error) {
@@ -64,10 +70,11 @@ func (c *Client) Acquire(ctx context.Context, holder string) (*Lock, error) {
 		AcquireTime:          &now,
 		RenewTime:            &now,
 	}
-	lease := &coordinationv1.Lease{}
-	err := c.c.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: LeaseName(c.Cluster)}, lease)
+	lease, err := c.Lease(ctx)
 	switch {
-	case apierrors.IsNotFound(err):
+	case err != nil:
+		return nil, err
+	case lease == nil:
 		lease = &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: LeaseName(c.Cluster)},
 			Spec:       want,
@@ -78,11 +85,8 @@ func (c *Client) Acquire(ctx context.Context, holder string) (*Lock, error) {
 			}
 			return nil, fmt.Errorf("creating Lease %s: %w", LeaseName(c.Cluster), err)
 		}
-	case err != nil:
-		return nil, fmt.Errorf("reading Lease %s: %w", LeaseName(c.Cluster), err)
 	case Live(lease, now.Time) && ptr.Deref(lease.Spec.HolderIdentity, "") != holder:
-		return nil, exitcode.Lockedf("cluster %s/%s is locked by %s: wait for that run, or if it is gone, for the lock to expire (%s)",
-			c.Namespace, c.Cluster, Holder(lease), LeaseDuration)
+		return nil, c.LockedBy(lease)
 	default:
 		lease.Spec = want
 		// The resourceVersion in the update makes two runs taking over one
