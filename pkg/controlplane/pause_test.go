@@ -74,7 +74,9 @@ func TestPauseWaitsOutAStalePausedCondition(t *testing.T) {
 	// The KCP stand-in reconciles a moment later: it first reports the
 	// unpaused state, then reports Paused once it sees the annotation.
 	var unpausedSeen atomic.Bool
+	standIn := make(chan struct{})
 	go func() {
+		defer close(standIn)
 		time.Sleep(500 * time.Millisecond)
 		setPaused(metav1.ConditionFalse)
 		unpausedSeen.Store(true)
@@ -89,12 +91,16 @@ func TestPauseWaitsOutAStalePausedCondition(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
+	defer func() { cancel(); <-standIn }()
 
 	cp := New(c, "default", "demo")
 	any := func(*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane) error { return nil }
 	if _, err := cp.Pause(ctx, Record{Operation: "upgrade", Target: "v1.36.3", Who: "test"}, 30*time.Second, any); err != nil {
 		t.Fatal(err)
 	}
+	// Pause may see Paused=True before the stand-in's write has returned to it;
+	// ctx must outlive that write.
+	<-standIn
 	if !unpausedSeen.Load() {
 		t.Fatal("Pause returned on the Paused=True left from before, without KCP having reconciled since")
 	}

@@ -41,9 +41,11 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -52,6 +54,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/etcd/api/v3/version"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -175,6 +178,9 @@ func Start(ctx context.Context, cfg Config) (*Member, error) {
 			return nil, fmt.Errorf("etcd member %s: %w", cfg.Name, err)
 		}
 		defer admin.Close()
+		if err := awaitClusterVersion(ctx, ca, cfg.ExistingClientURLs); err != nil {
+			return nil, fmt.Errorf("etcd member %s: join: %w", cfg.Name, err)
+		}
 		initial, joined, err = m.addAsLearner(ctx, admin)
 		if err != nil {
 			return nil, fmt.Errorf("etcd member %s: join: %w", cfg.Name, err)
@@ -398,6 +404,48 @@ func (m *Member) addAsLearner(ctx context.Context, admin *clientv3.Client) (stri
 		}
 	}
 	return strings.Join(initial, ","), id, nil
+}
+
+// awaitClusterVersion waits until a running member reports the cluster version. etcd
+// decides it shortly after the first election, and a member that joins before then
+// exits at once ("incompatible with current running cluster", isCompatibleWithCluster
+// in etcdserver/cluster_util.go). On a node kubelet would restart it; here the join
+// waits instead, which is what kubeadm's minutes between init and join amount to.
+func awaitClusterVersion(ctx context.Context, ca *authority, clientURLs []string) error {
+	cert, err := ca.issue("cp-rollout-sim-join", nil, nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth})
+	if err != nil {
+		return err
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		Certificates: []tls.Certificate{cert}, RootCAs: ca.pool, MinVersion: tls.VersionTLS12,
+	}}}
+	defer hc.CloseIdleConnections()
+	return retry(ctx, func(ctx context.Context) (bool, error) {
+		var last error
+		for _, u := range clientURLs {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, u+"/version", nil)
+			if err != nil {
+				return false, err
+			}
+			resp, err := hc.Do(req)
+			if err != nil {
+				last = err
+				continue
+			}
+			var v version.Versions
+			err = json.NewDecoder(resp.Body).Decode(&v)
+			resp.Body.Close()
+			switch {
+			case err != nil:
+				last = err
+			case v.Cluster == "" || v.Cluster == "not_decided":
+				last = fmt.Errorf("%s has not decided the cluster version yet", u)
+			default:
+				return false, nil
+			}
+		}
+		return true, last
+	})
 }
 
 type memberEntry struct {
