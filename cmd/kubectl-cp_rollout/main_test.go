@@ -16,6 +16,11 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
+	// `make test` has built both into bin/ already (simtest.PluginDirEnv).
+	if dir := os.Getenv("CP_ROLLOUT_PLUGIN_DIR"); dir != "" {
+		binDir = dir
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "cp-rollout-bin-")
 	if err != nil {
 		panic(err)

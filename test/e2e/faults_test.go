@@ -197,8 +197,10 @@ func TestLeaseLostMidRun(t *testing.T) {
 // busy cores can outlast it (the run then rightly stops, exit 5, "lost the
 // lock"). Alone, the restart takes a few seconds, as on a real control plane.
 func TestManagementAPIServerRestart(t *testing.T) {
-	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
-	mon := watchInvariants(t, e, 4, 2)
+	// One machine to replace is enough to have a run in flight, and this test
+	// runs with nothing beside it: every second of it is a second of make test.
+	e := simtest.Start(t, sim.Options{Replicas: 1, Capacity: 2, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
+	mon := watchInvariants(t, e, 2, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
@@ -210,5 +212,5 @@ func TestManagementAPIServerRestart(t *testing.T) {
 		t.Fatalf("upgrade across an API server restart: exit %d", code)
 	}
 	mon.check(t)
-	assertConverged(t, e, 3, to)
+	assertConverged(t, e, 1, to)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -20,10 +21,12 @@ import (
 	"sigs.k8s.io/cluster-api/controllers/external"
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/test/builder"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // monitor watches a scenario from the outside, every 100 ms, and records every
@@ -381,21 +384,43 @@ func orphans(t *testing.T, e *env) []string {
 	return out
 }
 
-// assertKCPIdle checks that the real KCP controller, in charge again, creates
-// and deletes no machine for the given time: the hand-back left it nothing to do.
-func assertKCPIdle(t *testing.T, e *env, d time.Duration) {
+// assertKCPIdle checks that the real KCP controller, in charge again, finds
+// nothing to do after the hand-back: it reconciles the current generation
+// unpaused and reports no rollout and no scaling, then creates and deletes no
+// machine for a while. KCP's own verdict makes a short watch enough; without it
+// the watch would have to outlast every requeue of KCP's preflight checks.
+func assertKCPIdle(t *testing.T, e *env) {
 	t.Helper()
+	simtest.Eventually(t, 2*time.Minute, "KCP reconciled after the hand-back with nothing to do", func(ctx context.Context) (bool, string, error) {
+		kcp := &controlplanev1.KubeadmControlPlane{}
+		if err := e.Sim.ManagementClient().Get(ctx, e.Sim.KCPKey(), kcp); err != nil {
+			return false, "", err
+		}
+		for _, want := range []struct {
+			cond   string
+			status metav1.ConditionStatus
+		}{
+			{clusterv1.PausedCondition, metav1.ConditionFalse},
+			{controlplanev1.KubeadmControlPlaneRollingOutCondition, metav1.ConditionFalse},
+			{controlplanev1.KubeadmControlPlaneScalingUpCondition, metav1.ConditionFalse},
+			{controlplanev1.KubeadmControlPlaneScalingDownCondition, metav1.ConditionFalse},
+		} {
+			c := conditions.Get(kcp, want.cond)
+			if c == nil || c.Status != want.status || c.ObservedGeneration != kcp.Generation {
+				return false, fmt.Sprintf("%s is %v, want %s at generation %d", want.cond, c, want.status, kcp.Generation), nil
+			}
+		}
+		return true, "", nil
+	})
 	ctx := context.Background()
 	before, err := e.Sim.Machines(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		now, err := e.Sim.Machines(ctx)
 		if err == nil && (names(now) != names(before)) {
 			t.Fatalf("KCP changed machines after hand-back: %s -> %s", names(before), names(now))
 		}
-		time.Sleep(500 * time.Millisecond)
 	}
 }

@@ -43,7 +43,7 @@ func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 		t.Errorf("last events %v, %v; want the hand-back done, then the summary", handback, last)
 	}
 	assertConverged(t, e, 3, to)
-	assertKCPIdle(t, e, time.Minute)
+	assertKCPIdle(t, e)
 
 	// Re-running the finished upgrade has nothing to do.
 	if r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to); r.Code != 0 || !strings.Contains(r.Stderr, "nothing to do") {
