@@ -15,6 +15,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -24,6 +25,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
@@ -211,6 +213,20 @@ func TestKillBetweenMemberRemovalAndRelease(t *testing.T) {
 		}
 	}
 
+	// The dead run still holds its Lease. Whether the first re-run meets it
+	// live depends on how soon after the kill it starts, which a loaded
+	// machine decides; lock-out is asserted only when it started with time
+	// to spare before the Lease's expiry.
+	lease := &coordinationv1.Lease{}
+	if err := e.Sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: req.Namespace, Name: controlplane.LeaseName("demo")}, lease); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(ptr.Deref(lease.Spec.HolderIdentity, ""), "pid-") || lease.Spec.RenewTime == nil {
+		t.Fatalf("after the kill the Lease is %s: want it still held by the dead run", controlplane.Holder(lease))
+	}
+	expires := lease.Spec.RenewTime.Add(controlplane.LeaseDuration)
+	spare := time.Until(expires)
+
 	// As a runbook would: retry while the dead run's Lease has not expired.
 	locked := 0
 	r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to)
@@ -225,8 +241,11 @@ func TestKillBetweenMemberRemovalAndRelease(t *testing.T) {
 	if r.Code != 0 {
 		t.Fatalf("re-run: exit %d", r.Code)
 	}
-	if locked == 0 {
-		t.Error("the killed run's Lease did not lock the first re-run out")
+	switch {
+	case locked == 0 && spare > controlplane.LeaseDuration/3:
+		t.Errorf("the killed run's Lease (%s left) did not lock the first re-run out", spare.Round(time.Second))
+	case locked == 0:
+		t.Logf("the first re-run started %s before the Lease expired: too late to show the lock-out", spare.Round(time.Second))
 	}
 	assertConverged(t, e, 3, to)
 }
