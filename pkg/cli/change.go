@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
+	"github.com/cp-rollout/cp-rollout/deploy/rbac"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
 	"github.com/cp-rollout/cp-rollout/rollout"
@@ -76,7 +77,7 @@ func (o *changeOptions) Run(ctx context.Context) error {
 // converge connects, checks the request against the cluster and runs the
 // rollout loop until the control plane matches it.
 func (o *changeOptions) converge(ctx context.Context, reporter progress.Reporter) error {
-	engine, closeEngine, err := o.connect(ctx, engineUse{loop: true, reporter: reporter, timeouts: o.Timeouts})
+	engine, closeEngine, err := o.connect(ctx, engineUse{loop: true, reporter: reporter, timeouts: o.Timeouts, access: rbac.Operate()})
 	if err != nil {
 		return err
 	}

@@ -4,12 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"strings"
 
 	"github.com/spf13/pflag"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/deploy/rbac"
+
 	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/access"
 	"github.com/cp-rollout/cp-rollout/pkg/changes"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -51,6 +61,44 @@ func (c *connection) validateEtcdEndpoint() error {
 	return err
 }
 
+// preflight asks the API server whether this identity has every permission
+// of use.access on this cluster, once the KubeadmControlPlane has said which
+// infrastructure resources its machines are made of (kcp nil: not known, the
+// role's wildcard is asked). Missing permissions are a refusal naming each,
+// or warnings for a verb that changes nothing.
+func (c *connection) preflight(ctx context.Context, mgmt client.Client, use engineUse, kcp *controlplanev1.KubeadmControlPlane) error {
+	if use.access == nil {
+		return nil
+	}
+	scope := access.Scope{Namespace: c.Namespace, Cluster: c.Cluster, WithoutControllerLookup: c.KCPVersion != "" || !use.loop}
+	if kcp != nil {
+		ref := kcp.Spec.MachineTemplate.Spec.InfrastructureRef
+		scope.InfraMachines, scope.InfraMachineTemplates = access.InfraResources(ref.APIGroup, ref.Kind, func(gk schema.GroupKind) (string, error) {
+			m, err := mgmt.RESTMapper().RESTMapping(gk)
+			if err != nil {
+				return "", err
+			}
+			return m.Resource.Resource, nil
+		})
+	}
+	missing, err := access.Missing(ctx, mgmt, access.Needs(use.access, scope))
+	if err != nil || len(missing) == 0 {
+		return err
+	}
+	operation := "this command"
+	if use.loop {
+		operation = "a rollout"
+	}
+	report := access.Describe(access.Identity(ctx, mgmt), operation, use.access.Name, missing)
+	if use.warnings != nil {
+		for _, line := range strings.Split(report, "\n") {
+			fmt.Fprintln(use.warnings, "warning: "+strings.TrimSpace(line))
+		}
+		return nil
+	}
+	return exitcode.Forbiddenf("%s", report)
+}
+
 func directDialer(endpointTemplate string) (etcd.Dialer, error) {
 	d, err := etcd.NewDirectDialer(endpointTemplate)
 	if err != nil {
@@ -77,9 +125,23 @@ type engineUse struct {
 	loop     bool
 	reporter progress.Reporter
 	timeouts rollout.Timeouts
+	// access is the ClusterRole of deploy/rbac whose permissions the verb
+	// needs, checked before anything is locked or changed; nil checks none.
+	access *rbacv1.ClusterRole
+	// warnings, when set, receives missing permissions as warnings, and the
+	// verb goes on to show what it can; when nil they are a refusal.
+	warnings io.Writer
 }
 
+// noLoop is for handback, which needs no preflight: each of its two writes
+// stands alone, so one refused leaves nothing half-done.
 var noLoop = engineUse{timeouts: rollout.DefaultTimeouts}
+
+// readOnly is for the verbs that change nothing (status, plan and every
+// --dry-run): they warn of what they may not read.
+func readOnly(warnings io.Writer) engineUse {
+	return engineUse{timeouts: rollout.DefaultTimeouts, access: rbac.View(), warnings: warnings}
+}
 
 // connect builds the rollout engine for one cluster: an uncached management
 // client, the workload client from the cluster's kubeconfig Secret and an etcd
@@ -106,6 +168,15 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 	cp := controlplane.New(mgmt, c.Namespace, c.Cluster)
 	state, err := cp.Read(ctx)
 	if err != nil {
+		// A refused read is the first of the missing permissions: list them all.
+		if apierrors.IsForbidden(err) {
+			if perr := c.preflight(ctx, mgmt, use, nil); perr != nil {
+				return nil, nil, perr
+			}
+		}
+		return nil, nil, err
+	}
+	if err := c.preflight(ctx, mgmt, use, state.KCP); err != nil {
 		return nil, nil, err
 	}
 

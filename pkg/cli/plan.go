@@ -64,7 +64,7 @@ func (o *requestOptions) validate() error {
 
 // printPlan prints the plan for the request and reports whether it has steps.
 func (o *requestOptions) printPlan(ctx context.Context) (pending bool, err error) {
-	engine, closeEngine, err := o.connect(ctx, noLoop)
+	engine, closeEngine, err := o.connect(ctx, readOnly(o.Streams.ErrOut))
 	if err != nil {
 		return false, err
 	}

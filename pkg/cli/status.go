@@ -69,7 +69,7 @@ func (o *StatusOptions) Validate() error {
 
 // Run prints the status to stdout.
 func (o *StatusOptions) Run(ctx context.Context) error {
-	engine, closeEngine, err := o.connect(ctx, noLoop)
+	engine, closeEngine, err := o.connect(ctx, readOnly(o.Streams.ErrOut))
 	if err != nil {
 		return err
 	}

@@ -2,7 +2,7 @@
 //
 // Runbooks branch on these numbers, so they are part of the tool's contract and
 // documented in the README. Code deep inside the tool marks an error with the
-// class it belongs to (Usage, Unsafe, Timeout, Locked); main alone turns it into
+// class it belongs to (Usage, Unsafe, Timeout, Locked, Forbidden); main alone turns it into
 // a number and exits.
 package exitcode
 
@@ -20,6 +20,7 @@ const (
 	Unsafe      = 3   // refused because the cluster is in an unsafe state
 	Timeout     = 4   // a wait ran out of time
 	Locked      = 5   // another run holds the cluster's lock
+	Forbidden   = 6   // the identity lacks permissions the operation needs; nothing was changed
 	Interrupted = 130 // stopped by SIGINT or SIGTERM (128 + SIGINT, as shells report it)
 )
 
@@ -53,6 +54,10 @@ func Timeoutf(format string, a ...any) error { return New(Timeout, fmt.Errorf(fo
 
 // Lockedf reports that another run holds the lock; the message names the holder.
 func Lockedf(format string, a ...any) error { return New(Locked, fmt.Errorf(format, a...)) }
+
+// Forbiddenf reports permissions the operation needs and the identity lacks;
+// the message lists each of them.
+func Forbiddenf(format string, a ...any) error { return New(Forbidden, fmt.Errorf(format, a...)) }
 
 // Of returns the exit code for err: the outermost explicit code wins, a bare
 // context deadline counts as a timeout, everything else is a failure.

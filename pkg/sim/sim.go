@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -56,6 +57,11 @@ type Options struct {
 	// running at the same time need different prefixes: members use the
 	// kubeadm ports.
 	AddressPrefix string
+
+	// AuditLog, when set, is where the management API server writes its
+	// audit log: one JSON event per request, at the Metadata level (who did
+	// what to which object). Empty: no audit log.
+	AuditLog string
 
 	// AssetsDir holds kube-apiserver and etcd; default AssetsDir().
 	AssetsDir string
@@ -238,6 +244,16 @@ func (s *Sim) startClusters(ctx context.Context) error {
 		ControlPlaneStartTimeout: time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
+	if s.opts.AuditLog != "" {
+		policy := filepath.Join(s.binDir, "audit-policy.yaml")
+		if err := os.WriteFile(policy, []byte(auditPolicy), 0o600); err != nil {
+			return err
+		}
+		s.mgmtEnv.ControlPlane.GetAPIServer().Configure().
+			Set("audit-policy-file", policy).
+			Set("audit-log-path", s.opts.AuditLog).
+			Set("audit-log-format", "json")
+	}
 	// envtest reads KUBEBUILDER_ASSETS before BinaryAssetsDirectory; both
 	// point at the same binaries when set, and AssetsDir already checked them.
 
@@ -272,6 +288,14 @@ func (s *Sim) startClusters(ctx context.Context) error {
 	s.workload, err = client.New(s.workloadConfig, client.Options{Scheme: clientgoscheme.Scheme})
 	return err
 }
+
+// auditPolicy records every request once, when its response is complete.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+  - level: Metadata
+`
 
 // goRun runs fn until the simulator stops, recording a failure other than
 // the cancellation Stop causes.

@@ -1,0 +1,222 @@
+// Package access answers "may the identity running the tool do everything an
+// operation needs on the management cluster?" before the operation changes
+// anything. It asks the API server, one SelfSubjectAccessReview per
+// permission as `kubectl auth can-i` does, about each permission of the
+// operation's ClusterRole in deploy/rbac, narrowed to the one cluster the
+// operation works on. A rollout that stops half-way for a missing permission
+// is the worst way to learn of it.
+package access
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sync/errgroup"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/secret"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+)
+
+// Permission is one request the API server authorizes: a verb on a resource,
+// in a namespace or cluster-wide, on any object or on one by name.
+type Permission struct {
+	Verb     string
+	Group    string
+	Resource string
+	// Namespace is "" for a cluster-scoped resource or a request across all
+	// namespaces.
+	Namespace string
+	// Name is "" when the request is for any object of the resource.
+	Name string
+}
+
+// String says it as `kubectl auth can-i` takes it, with where it applies:
+// "get secrets.v1 demo-etcd in namespace default".
+func (p Permission) String() string {
+	what := p.Verb + " " + p.Resource
+	if p.Group != "" {
+		what += "." + p.Group
+	}
+	if p.Name != "" {
+		what += " " + p.Name
+	}
+	switch {
+	case p.Namespace != "":
+		return what + " in namespace " + p.Namespace
+	case clusterScoped[schema.GroupResource{Group: p.Group, Resource: p.Resource}]:
+		return what + " (cluster-scoped)"
+	default:
+		return what + " in all namespaces"
+	}
+}
+
+// Scope is the one cluster an operation works on.
+type Scope struct {
+	Namespace, Cluster string
+	// InfraMachines and InfraMachineTemplates are the infrastructure
+	// provider's resources the cluster's control-plane machines are made of
+	// (e.g. awsmachines and awsmachinetemplates); they stand for the roles'
+	// "*" in the infrastructure group. Empty keeps the "*".
+	InfraMachines, InfraMachineTemplates string
+	// WithoutControllerLookup leaves out the Deployments list that finds the
+	// KCP controller's version, which --kcp-version makes unnecessary.
+	WithoutControllerLookup bool
+}
+
+// clusterScoped are the resources of the roles that have no namespace.
+var clusterScoped = map[schema.GroupResource]bool{
+	{Group: "apiextensions.k8s.io", Resource: "customresourcedefinitions"}: true,
+}
+
+var (
+	secrets     = schema.GroupResource{Resource: "secrets"}
+	leases      = schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
+	deployments = schema.GroupResource{Group: "apps", Resource: "deployments"}
+)
+
+// Needs lists the permissions role grants as the tool uses them on one
+// cluster: in the cluster's namespace, the two Secrets and the Lease by name
+// (so a Role with resourceNames passes), CRDs and the KCP controller's
+// Deployment cluster-wide, and the infrastructure wildcard as the provider's
+// own resources.
+func Needs(role *rbacv1.ClusterRole, s Scope) []Permission {
+	var out []Permission
+	for _, rule := range role.Rules {
+		for _, group := range rule.APIGroups {
+			for _, resource := range rule.Resources {
+				gr := schema.GroupResource{Group: group, Resource: resource}
+				for _, verb := range rule.Verbs {
+					out = append(out, s.expand(verb, gr)...)
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (s Scope) expand(verb string, gr schema.GroupResource) []Permission {
+	p := Permission{Verb: verb, Group: gr.Group, Resource: gr.Resource, Namespace: s.Namespace}
+	named := func(names ...string) []Permission {
+		// A create is authorized before its object has a name.
+		if verb == "create" {
+			return []Permission{p}
+		}
+		out := make([]Permission, len(names))
+		for i, name := range names {
+			out[i] = p
+			out[i].Name = name
+		}
+		return out
+	}
+	switch {
+	case clusterScoped[gr]:
+		p.Namespace = ""
+	case gr == deployments:
+		if s.WithoutControllerLookup {
+			return nil
+		}
+		p.Namespace = "" // the controller may run in any namespace
+	case gr == secrets:
+		return named(secret.Name(s.Cluster, secret.Kubeconfig), secret.Name(s.Cluster, secret.EtcdCA))
+	case gr == leases:
+		return named(controlplane.LeaseName(s.Cluster))
+	case gr.Group == infrastructureGroup && gr.Resource == "*":
+		// Machines are made of InfraMachines of every verb the rule grants;
+		// their template is only read.
+		out := []Permission{p}
+		if s.InfraMachines != "" {
+			out[0].Resource = s.InfraMachines
+		}
+		if verb == "get" && s.InfraMachineTemplates != "" {
+			t := p
+			t.Resource = s.InfraMachineTemplates
+			out = append(out, t)
+		}
+		return out
+	}
+	return []Permission{p}
+}
+
+// infrastructureGroup is where Cluster API providers serve their machines;
+// the roles grant "*" there because the kinds are each provider's own.
+var infrastructureGroup = "infrastructure." + clusterv1.GroupVersion.Group
+
+// InfraResources names the infrastructure resources of a control plane's
+// machines from the group and kind of the KubeadmControlPlane's
+// InfraMachineTemplate: the InfraMachine kind is the template's without its
+// "Template" suffix, as Cluster API names them. mapping turns a kind into its
+// resource (a RESTMapper's KindFor's inverse); a kind it cannot map stays "".
+func InfraResources(templateGroup, templateKind string, mapping func(schema.GroupKind) (string, error)) (machines, templates string) {
+	if templateGroup != infrastructureGroup {
+		return "", "" // another group: the wildcard rule does not cover it anyway
+	}
+	templates, _ = mapping(schema.GroupKind{Group: templateGroup, Kind: templateKind})
+	machines, _ = mapping(schema.GroupKind{Group: templateGroup, Kind: strings.TrimSuffix(templateKind, clusterv1.TemplateSuffix)})
+	return machines, templates
+}
+
+// Missing asks the API server about each permission and returns those it
+// denies, in the order given. Reviews run a few at a time: they are
+// independent, and a role has a few dozen.
+func Missing(ctx context.Context, c client.Client, perms []Permission) ([]Permission, error) {
+	allowed := make([]bool, len(perms))
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for i, p := range perms {
+		g.Go(func() error {
+			review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+				ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Verb: p.Verb, Group: p.Group, Resource: p.Resource, Namespace: p.Namespace, Name: p.Name,
+				},
+			}}
+			if err := c.Create(ctx, review); err != nil {
+				return fmt.Errorf("asking the API server whether this identity may %s: %w", p, err)
+			}
+			allowed[i] = review.Status.Allowed
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	var missing []Permission
+	for i, p := range perms {
+		if !allowed[i] {
+			missing = append(missing, p)
+		}
+	}
+	return missing, nil
+}
+
+// Identity names the identity the API server sees, as `kubectl auth whoami`
+// does; "" when it will not say (before Kubernetes 1.28, or when
+// SelfSubjectReview is disabled).
+func Identity(ctx context.Context, c client.Client) string {
+	review := &authenticationv1.SelfSubjectReview{}
+	if err := c.Create(ctx, review); err != nil {
+		return ""
+	}
+	return review.Status.UserInfo.Username
+}
+
+// Describe says what is missing for an operation, one permission a line
+// after a line naming who lacks them and the role that grants them.
+func Describe(identity, operation, role string, missing []Permission) string {
+	if identity == "" {
+		identity = "this identity"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s lacks %d permission(s) that %s needs on the management cluster (ClusterRole %s in deploy/rbac grants them):", identity, len(missing), operation, role)
+	for _, p := range missing {
+		b.WriteString("\n  cannot " + p.String())
+	}
+	return b.String()
+}

@@ -1,0 +1,244 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cp-rollout/cp-rollout/deploy/rbac"
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
+)
+
+// The two identities of TestLeastPrivilege, ServiceAccounts the test
+// impersonates (kubectl --as) as a runbook's identity would be used.
+const (
+	operator = "system:serviceaccount:default:cp-rollout-operator"
+	viewer   = "system:serviceaccount:default:cp-rollout-viewer"
+)
+
+// The roles of deploy/rbac are what the tool needs and no more. Run as
+// ServiceAccounts bound only to them: the cp-rollout-view identity sees status
+// and plan with no warning, and its upgrade is refused before anything is
+// locked or changed, each missing permission named; the cp-rollout-operate
+// identity upgrades, scales up and down and replaces a machine (surge 1 and
+// 0). Then the management API server's audit log shows that each identity
+// used exactly what its role grants.
+func TestLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	auditLog := filepath.Join(t.TempDir(), "audit.log")
+	opts := fastOptions(3)
+	opts.AuditLog = auditLog
+	e := simtest.Start(t, opts)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	bind(t, e, rbac.View(), viewer)
+	bind(t, e, rbac.Operate(), operator)
+	as := func(identity string, args ...string) []string { return append(args, "--as", identity) }
+
+	// cp-rollout-view: status and plan, then a refused upgrade.
+	if r := e.Plugin(t, ctx, as(viewer, "status", "demo")...); r.Code != 0 || strings.Contains(r.Stderr, "warning") {
+		t.Errorf("status as the viewer: exit %d, stderr %q: want 0 and no warning", r.Code, r.Stderr)
+	}
+	if r := e.Plugin(t, ctx, as(viewer, "plan", "demo", "--version", to, "--exit-code")...); r.Code != 10 || strings.Contains(r.Stderr, "warning") {
+		t.Errorf("plan as the viewer: exit %d, stderr %q: want 10 and no warning", r.Code, r.Stderr)
+	}
+	before := quietVersions(t, e)
+	r := e.Plugin(t, ctx, as(viewer, "upgrade", "demo", "--version", to)...)
+	if r.Code != 6 {
+		t.Fatalf("upgrade as the viewer: exit %d, stderr %q: want 6", r.Code, r.Stderr)
+	}
+	for _, want := range []string{
+		viewer + " lacks",
+		"cannot patch kubeadmcontrolplanes.controlplane.cluster.x-k8s.io in namespace default",
+		"cannot create machines.cluster.x-k8s.io in namespace default",
+		"cannot delete genericinfrastructuremachines.infrastructure.cluster.x-k8s.io in namespace default",
+		"cannot update leases.coordination.k8s.io cp-rollout-demo in namespace default",
+		"cannot list deployments.apps in all namespaces",
+	} {
+		if !strings.Contains(r.Stderr, want) {
+			t.Errorf("the refusal does not say %q:\n%s", want, r.Stderr)
+		}
+	}
+	assertUnchanged(t, before, versions(t, e))
+	lease := &coordinationv1.Lease{}
+	if err := e.Sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: "default", Name: controlplane.LeaseName("demo")}, lease); !apierrors.IsNotFound(err) {
+		t.Errorf("the refused upgrade left a Lease (%v)", err)
+	}
+
+	// cp-rollout-operate: every verb that changes the control plane.
+	mon := watchInvariants(t, e, 4, 2)
+	if r := e.Plugin(t, ctx, as(operator, "upgrade", "demo", "--version", to)...); r.Code != 0 {
+		t.Fatalf("upgrade as the operator: exit %d\n%s", r.Code, simtest.Tail(r.Stderr, 20))
+	}
+	mon.check(t)
+	assertConverged(t, e, 3, to)
+
+	mon = watchInvariants(t, e, 5, 2)
+	if r := e.Plugin(t, ctx, as(operator, "scale", "demo", "--replicas", "5")...); r.Code != 0 {
+		t.Fatalf("scale to 5: exit %d\n%s", r.Code, simtest.Tail(r.Stderr, 20))
+	}
+	mon.check(t)
+	assertConverged(t, e, 5, to)
+	mon = watchInvariants(t, e, 5, 3)
+	if r := e.Plugin(t, ctx, as(operator, "scale", "demo", "--replicas", "3")...); r.Code != 0 {
+		t.Fatalf("scale to 3: exit %d\n%s", r.Code, simtest.Tail(r.Stderr, 20))
+	}
+	mon.check(t)
+	assertConverged(t, e, 3, to)
+
+	for _, surge := range []string{"1", "0"} {
+		victim := mustMachines(t, e)[1]
+		max := map[string]int{"1": 4, "0": 3}[surge]
+		mon := watchInvariants(t, e, max, 2)
+		if r := e.Plugin(t, ctx, as(operator, "replace", "demo", victim, "--max-surge", surge)...); r.Code != 0 {
+			t.Fatalf("replace %s (surge %s): exit %d\n%s", victim, surge, r.Code, simtest.Tail(r.Stderr, 20))
+		}
+		mon.check(t)
+		assertConverged(t, e, 3, to)
+		if slices.Contains(mustMachines(t, e), victim) {
+			t.Fatalf("surge %s: %s still there", surge, victim)
+		}
+		// A runbook re-running the finished replace (say, after a crash that
+		// hid its exit code) is told it is done, not that the machine is unknown.
+		if r := e.Plugin(t, ctx, as(operator, "replace", "demo", victim, "--max-surge", surge)...); r.Code != 0 || !strings.Contains(r.Stderr, "was replaced by") {
+			t.Errorf("re-run of replace %s: exit %d, want 0 saying it was replaced", victim, r.Code)
+		}
+	}
+
+	// What each identity did, from the audit log, against what its role grants.
+	used := audited(t, auditLog)
+	for _, c := range []struct {
+		identity string
+		role     *rbacv1.ClusterRole
+		// unexercised are permissions of the role that this scenario has no
+		// cause to use, each with the path that does.
+		unexercised map[string]string
+	}{
+		{identity: viewer, role: rbac.View()},
+		{identity: operator, role: rbac.Operate(), unexercised: map[string]string{
+			// A server-side apply that creates its object is audited as a
+			// patch; the API server authorizes the create within it.
+			"create machines.cluster.x-k8s.io":                                     "server-side apply creating a Machine",
+			"create kubeadmconfigs.bootstrap.cluster.x-k8s.io":                     "server-side apply creating a KubeadmConfig",
+			"create genericinfrastructuremachines.infrastructure.cluster.x-k8s.io": "server-side apply creating an InfraMachine",
+			"get machines.cluster.x-k8s.io":                                        "a Machine apply whose answer was lost (CreateReplacement)",
+			"delete kubeadmconfigs.bootstrap.cluster.x-k8s.io":                     "pieces a killed run left behind (TestKillBeforeMachineCreate)",
+			"delete genericinfrastructuremachines.infrastructure.cluster.x-k8s.io": "pieces a killed run left behind (TestKillBeforeMachineCreate)",
+		}},
+	} {
+		granted := grantedBy(c.role)
+		for p := range used[c.identity] {
+			if !granted[p] {
+				t.Errorf("%s used %q, which %s does not grant", c.identity, p, c.role.Name)
+			}
+		}
+		for p := range granted {
+			if _, ok := c.unexercised[p]; !ok && !used[c.identity][p] {
+				t.Errorf("%s grants %q, which %s never used", c.role.Name, p, c.identity)
+			}
+		}
+		for p := range c.unexercised {
+			if used[c.identity][p] {
+				t.Errorf("%q is listed as unexercised but %s used it: drop it from the list", p, c.identity)
+			}
+		}
+	}
+}
+
+// bind grants role to the ServiceAccount user, as deploy/rbac's examples do.
+func bind(t *testing.T, e *env, role *rbacv1.ClusterRole, user string) {
+	t.Helper()
+	ctx := context.Background()
+	c := e.Sim.ManagementClient()
+	if err := c.Create(ctx, role.DeepCopy()); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	parts := strings.Split(user, ":") // system:serviceaccount:<namespace>:<name>
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: parts[3]},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: parts[2], Name: parts[3]}},
+	}
+	if err := c.Create(ctx, binding); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// grantedBy lists a role's permissions as "verb resource.group", its
+// infrastructure wildcard as the simulator's InfraMachines (every verb) and
+// their template (get).
+func grantedBy(role *rbacv1.ClusterRole) map[string]bool {
+	out := map[string]bool{}
+	for _, r := range role.Rules {
+		for _, verb := range r.Verbs {
+			resource, group := r.Resources[0], r.APIGroups[0]
+			if resource == "*" {
+				out[verb+" genericinfrastructuremachines."+group] = true
+				if verb == "get" {
+					out[verb+" genericinfrastructuremachinetemplates."+group] = true
+				}
+				continue
+			}
+			out[strings.TrimSuffix(verb+" "+resource+"."+group, ".")] = true
+		}
+	}
+	return out
+}
+
+// audited reads the audit log: for each impersonated user, the set of
+// "verb resource.group" it requested. Requests any authenticated user may make
+// (discovery, and asking what it may do or who it is) are left out.
+func audited(t *testing.T, path string) map[string]map[string]bool {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string]map[string]bool{}
+	scan := bufio.NewScanner(f)
+	scan.Buffer(make([]byte, 1<<20), 1<<20)
+	for scan.Scan() {
+		var ev struct {
+			Verb             string
+			ImpersonatedUser *struct{ Username string }
+			ObjectRef        *struct{ Resource, APIGroup, Subresource string }
+		}
+		if err := json.Unmarshal(scan.Bytes(), &ev); err != nil {
+			t.Fatalf("audit log: %v", err)
+		}
+		if ev.ImpersonatedUser == nil || ev.ObjectRef == nil {
+			continue
+		}
+		switch ev.ObjectRef.APIGroup + "/" + ev.ObjectRef.Resource {
+		case "authorization.k8s.io/selfsubjectaccessreviews", "authentication.k8s.io/selfsubjectreviews":
+			continue
+		}
+		resource := ev.ObjectRef.Resource
+		if ev.ObjectRef.Subresource != "" {
+			resource += "/" + ev.ObjectRef.Subresource
+		}
+		user := ev.ImpersonatedUser.Username
+		if out[user] == nil {
+			out[user] = map[string]bool{}
+		}
+		out[user][strings.TrimSuffix(ev.Verb+" "+resource+"."+ev.ObjectRef.APIGroup, ".")] = true
+	}
+	if err := scan.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
