@@ -82,42 +82,52 @@ func TestUpgradeOneReplicaCapacityTwo(t *testing.T) {
 
 // An upgrade started while a control-plane machine is deleting finishes that
 // deletion first, and never counts the deleting machine as one to replace.
+// Another controller's pre-drain hook holds the deletion until the tool is
+// seen waiting on it: on a loaded machine the deletion would otherwise be
+// over before the tool's first read.
 func TestUpgradeWaitsForDeletingMachine(t *testing.T) {
 	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 2 * time.Second, DeleteDelay: 3 * time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	c := e.Sim.ManagementClient()
 	machines, err := e.Sim.Machines(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	victim := machines[0]
-	// KCP (running) serves the deletion and then scales back up to 3 at the old version.
-	if err := e.Sim.ManagementClient().Delete(ctx, &victim); err != nil {
+	victim := &machines[0]
+	const hold = clusterv1.PreDrainDeleteHookAnnotationPrefix + "/e2e-hold"
+	patch := client.MergeFrom(victim.DeepCopy())
+	victim.Annotations[hold] = ""
+	if err := c.Patch(ctx, victim, patch); err != nil {
+		t.Fatal(err)
+	}
+	// KCP (running) waits for the deletion before it does anything else.
+	if err := c.Delete(ctx, victim); err != nil {
 		t.Fatal(err)
 	}
 	simtest.Eventually(t, 10*time.Minute, victim.Name+" deleting", func(ctx context.Context) (bool, string, error) {
-		m := &clusterv1.Machine{}
-		err := e.Sim.ManagementClient().Get(ctx, client.ObjectKeyFromObject(&victim), m)
-		return err == nil && !m.DeletionTimestamp.IsZero(), "not deleting yet", err
+		err := c.Get(ctx, client.ObjectKeyFromObject(victim), victim)
+		return err == nil && !victim.DeletionTimestamp.IsZero(), "not deleting yet", err
 	})
 	mon := watchInvariants(t, e, 4, 2)
-	r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to, "-o", "json")
+	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
+	first := run.Until(t, func(ev map[string]any) bool {
+		a := stringOf(ev["action"])
+		return a == "create" || a == "delete" || a == "await-deletion"
+	})
+	if got := stringOf(first["action"]) + " " + stringOf(first["machine"]); got != "await-deletion "+victim.Name {
+		t.Errorf("first step %q, want waiting for the deletion of %s", got, victim.Name)
+	}
+	patch = client.MergeFrom(victim.DeepCopy())
+	delete(victim.Annotations, hold)
+	if err := c.Patch(ctx, victim, patch); err != nil {
+		t.Fatal(err)
+	}
+	if code := run.Wait(); code != 0 {
+		t.Fatalf("upgrade exit %d", code)
+	}
 	mon.check(t)
-	if r.Code != 0 {
-		t.Fatalf("upgrade exit %d", r.Code)
-	}
-	evs := simtest.Events(t, r.Stdout)
-	var firstAct string
-	for _, ev := range evs {
-		if a := ev["action"].(string); a == "create" || a == "delete" || a == "await-deletion" {
-			firstAct = a + " " + stringOf(ev["machine"])
-			break
-		}
-	}
-	if firstAct != "await-deletion "+victim.Name {
-		t.Errorf("first step %q, want waiting for the deletion of %s", firstAct, victim.Name)
-	}
 	assertConverged(t, e, 3, to)
 }
 
