@@ -48,9 +48,10 @@ type Client struct {
 	Cluster   string
 }
 
-// New returns a Client for the cluster namespace/name. c must not be cached.
+// New returns a Client for the cluster namespace/name. c must not be cached:
+// only CRD metadata is remembered, by the Client itself (see crdMetadata).
 func New(c client.Client, namespace, cluster string) *Client {
-	return &Client{c: c, Namespace: namespace, Cluster: cluster}
+	return &Client{c: withCRDMetadataCache(c), Namespace: namespace, Cluster: cluster}
 }
 
 // Kube is the underlying management-cluster client.
