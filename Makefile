@@ -62,7 +62,9 @@ test: lint envtest plugin ## everything CI runs
 # beside a dozen simulated API servers (the tool then rightly gives up its Lease).
 # Under `make test` every test binary runs the plugin that `make plugin` put in
 # bin/ (PLUGIN_DIR) instead of linking its own, about ten seconds of CPU each.
-TEST_FLAGS := -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL)
+# TEST_VERBOSE=-v (CI sets it) prints every test with its duration.
+TEST_VERBOSE ?=
+TEST_FLAGS := -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) $(TEST_VERBOSE)
 TEST_ENV   := KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) $(if $(PLUGIN_DIR),CP_ROLLOUT_PLUGIN_DIR=$(PLUGIN_DIR))
 E2E_ALONE  := ^TestManagementAPIServerRestart$$
 test-e2e:
