@@ -4,7 +4,7 @@
 //
 //	cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default]
 //	    [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s]
-//	    [--capacity 0] [--without-kcp]
+//	    [--capacity 0] [--failure-domains 0] [--without-kcp]
 package main
 
 import (
@@ -55,6 +55,7 @@ func parseUp(args []string) (*upOptions, error) {
 	fs.DurationVar(&o.sim.ProvisionDelay, "provision-delay", 2*time.Second, "time a simulated machine takes to provision")
 	fs.DurationVar(&o.sim.DeleteDelay, "delete-delay", time.Second, "time a simulated machine takes to go away")
 	fs.IntVar(&o.sim.Capacity, "capacity", 0, "most machines that can exist at once; 0 means unlimited")
+	fs.IntVar(&o.sim.FailureDomains, "failure-domains", 0, "control-plane failure domains fd-1 ... fd-N the infrastructure reports; 0 means none")
 	fs.BoolVar(&o.sim.WithoutKCP, "without-kcp", false, "do not run the KubeadmControlPlane controller")
 	fs.BoolVarP(&o.verbose, "verbose", "v", false, "log the controllers to stderr")
 	fs.DurationVar(&o.startTimeout, "start-timeout", 3*time.Minute, "give up when not ready after this long")
@@ -74,6 +75,8 @@ func parseUp(args []string) (*upOptions, error) {
 		return nil, fmt.Errorf("--capacity %d cannot hold --replicas %d", o.sim.Capacity, o.sim.Replicas)
 	case o.sim.ProvisionDelay < 0 || o.sim.DeleteDelay < 0:
 		return nil, errors.New("delays must not be negative")
+	case o.sim.FailureDomains < 0:
+		return nil, fmt.Errorf("--failure-domains must be 0 (none) or more, got %d", o.sim.FailureDomains)
 	case o.sim.ClusterName == "" || o.sim.Namespace == "":
 		return nil, errors.New("--cluster and --namespace must not be empty")
 	}
@@ -120,7 +123,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-const usage = "cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default] [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s] [--capacity 0] [--without-kcp] [-v]"
+const usage = "cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default] [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s] [--capacity 0] [--failure-domains 0] [--without-kcp] [-v]"
 
 func up(ctx context.Context, o *upOptions, stdout, stderr io.Writer) (err error) {
 	began := time.Now()

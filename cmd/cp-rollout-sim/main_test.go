@@ -17,6 +17,7 @@ func TestBadUsageIsOneLineAndExitsTwo(t *testing.T) {
 		{"up", "--kubeconfig-out", "k", "--capacity", "-1"},
 		{"up", "--kubeconfig-out", "k", "--capacity", "2"},
 		{"up", "--kubeconfig-out", "k", "--provision-delay", "-1s"},
+		{"up", "--kubeconfig-out", "k", "--failure-domains", "-1"},
 		{"up", "--kubeconfig-out", "k", "--no-such-flag"},
 		{"up", "--kubeconfig-out", "k", "extra"},
 	} {
@@ -35,13 +36,13 @@ func TestBadUsageIsOneLineAndExitsTwo(t *testing.T) {
 
 func TestUpFlags(t *testing.T) {
 	o, err := parseUp([]string{"--kubeconfig-out", "k", "--cluster", "c", "--namespace", "ns", "--replicas", "5",
-		"--version", "v1.36.3", "--provision-delay", "3s", "--delete-delay", "2s", "--capacity", "6", "--without-kcp"})
+		"--version", "v1.36.3", "--provision-delay", "3s", "--delete-delay", "2s", "--capacity", "6", "--failure-domains", "3", "--without-kcp"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := o.sim
 	if o.kubeconfigOut != "k" || s.ClusterName != "c" || s.Namespace != "ns" || s.Replicas != 5 || s.Version != "v1.36.3" ||
-		s.ProvisionDelay != 3*time.Second || s.DeleteDelay != 2*time.Second || s.Capacity != 6 || !s.WithoutKCP {
+		s.ProvisionDelay != 3*time.Second || s.DeleteDelay != 2*time.Second || s.Capacity != 6 || s.FailureDomains != 3 || !s.WithoutKCP {
 		t.Fatalf("parsed %+v", o)
 	}
 	o, err = parseUp([]string{"--kubeconfig-out", "k"})
@@ -49,7 +50,7 @@ func TestUpFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	if s := o.sim; s.ClusterName != "demo" || s.Namespace != "default" || s.Replicas != 3 || s.Version != "v1.35.2" ||
-		s.ProvisionDelay != 2*time.Second || s.DeleteDelay != time.Second || s.Capacity != 0 || s.WithoutKCP {
+		s.ProvisionDelay != 2*time.Second || s.DeleteDelay != time.Second || s.Capacity != 0 || s.FailureDomains != 0 || s.WithoutKCP {
 		t.Fatalf("defaults %+v", o)
 	}
 }

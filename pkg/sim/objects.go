@@ -83,6 +83,15 @@ func (s *Sim) createManagementObjects(ctx context.Context) error {
 	if err := unstructured.SetNestedField(infraCluster.Object, true, "status", "initialization", "provisioned"); err != nil {
 		return err
 	}
+	if domains := s.failureDomains(); len(domains) > 0 {
+		var list []any
+		for _, fd := range domains {
+			list = append(list, map[string]any{"name": fd.Name, "controlPlane": true})
+		}
+		if err := unstructured.SetNestedSlice(infraCluster.Object, list, "status", "failureDomains"); err != nil {
+			return err
+		}
+	}
 	if err := c.Status().Update(ctx, infraCluster); err != nil {
 		return fmt.Errorf("marking the infrastructure cluster provisioned: %w", err)
 	}
@@ -306,6 +315,7 @@ func (s *Sim) markClusterInitialized(ctx context.Context) error {
 	patch := client.MergeFrom(cluster.DeepCopy())
 	cluster.Status.Initialization.InfrastructureProvisioned = ptr.To(true)
 	cluster.Status.Initialization.ControlPlaneInitialized = ptr.To(true)
+	cluster.Status.FailureDomains = s.failureDomains() // copied from the infrastructure cluster
 	conditions.Set(cluster, metav1.Condition{
 		Type:   clusterv1.ClusterControlPlaneInitializedCondition,
 		Status: metav1.ConditionTrue,
@@ -355,12 +365,30 @@ func (s *Sim) createInitialMachines(ctx context.Context) error {
 		return err
 	}
 	cp := controlplane.New(s.mgmt, s.opts.Namespace, s.opts.ClusterName)
+	domains := s.failureDomains()
 	for i := int32(0); i < s.opts.Replicas; i++ {
-		if _, err := cp.CreateMachine(ctx, kcp, cluster, "", i > 0); err != nil {
+		// Round robin over the domains is where KCP's scale-up would put
+		// them one by one: always in the domain with the fewest machines,
+		// ties to the first by name.
+		fd := ""
+		if len(domains) > 0 {
+			fd = domains[int(i)%len(domains)].Name
+		}
+		if _, err := cp.CreateMachine(ctx, kcp, cluster, fd, i > 0); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// failureDomains are the control-plane failure domains fd-1 ... fd-N that the
+// infrastructure cluster reports.
+func (s *Sim) failureDomains() []clusterv1.FailureDomain {
+	var out []clusterv1.FailureDomain
+	for i := 1; i <= s.opts.FailureDomains; i++ {
+		out = append(out, clusterv1.FailureDomain{Name: fmt.Sprintf("fd-%d", i), ControlPlane: ptr.To(true)})
+	}
+	return out
 }
 
 func ensureNamespace(ctx context.Context, c client.Client, name string) error {

@@ -48,6 +48,11 @@ type Options struct {
 	// a surge machine waits for a host). 0 means unlimited.
 	Capacity int
 
+	// FailureDomains is how many control-plane failure domains (fd-1 ...
+	// fd-N) the infrastructure cluster reports, as real providers report
+	// zones; the initial machines are spread across them. 0 means none.
+	FailureDomains int
+
 	// WithoutKCP leaves the KubeadmControlPlane controller out: nothing serves
 	// the kcp-cleanup pre-terminate hook or reconciles the KCP.
 	WithoutKCP bool
@@ -97,6 +102,8 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("capacity %d cannot hold %d replicas", o.Capacity, o.Replicas)
 	case o.ProvisionDelay < 0 || o.DeleteDelay < 0:
 		return errors.New("delays must not be negative")
+	case o.FailureDomains < 0:
+		return fmt.Errorf("failure domains must be 0 (none) or more, got %d", o.FailureDomains)
 	}
 	if o.AssetsDir == "" {
 		dir, err := AssetsDir()

@@ -33,14 +33,14 @@ const (
 // ServiceAccounts bound only to them: the cp-rollout-view identity sees status
 // and plan with no warning, and its upgrade is refused before anything is
 // locked or changed, each missing permission named; the cp-rollout-operate
-// identity upgrades, scales up and down and replaces a machine (surge 1 and
-// 0). Then the management API server's audit log shows that each identity
+// identity upgrades, scales up and down and replaces each machine in turn
+// (surge 1, 0, 1), on three failure domains that keep one machine each. Then the management API server's audit log shows that each identity
 // used exactly what its role grants.
 func TestLeastPrivilege(t *testing.T) {
 	t.Parallel()
 	auditLog := filepath.Join(t.TempDir(), "audit.log")
 	opts := fastOptions(3)
-	opts.AuditLog = auditLog
+	opts.AuditLog, opts.FailureDomains = auditLog, 3
 	e := simtest.Start(t, opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -99,8 +99,10 @@ func TestLeastPrivilege(t *testing.T) {
 	mon.check(t)
 	assertConverged(t, e, 3, to)
 
-	for _, surge := range []string{"1", "0"} {
-		victim := mustMachines(t, e)[1]
+	// Each machine replaced in turn, its replacement in its failure domain.
+	assertOnePerDomain(t, e)
+	for i, victim := range mustMachines(t, e) {
+		surge := []string{"1", "0", "1"}[i]
 		max := map[string]int{"1": 4, "0": 3}[surge]
 		mon := watchInvariants(t, e, max, 2)
 		if r := e.Plugin(t, ctx, as(operator, "replace", "demo", victim, "--max-surge", surge)...); r.Code != 0 {
@@ -111,6 +113,7 @@ func TestLeastPrivilege(t *testing.T) {
 		if slices.Contains(mustMachines(t, e), victim) {
 			t.Fatalf("surge %s: %s still there", surge, victim)
 		}
+		assertOnePerDomain(t, e)
 		// A runbook re-running the finished replace (say, after a crash that
 		// hid its exit code) is told it is done, not that the machine is unknown.
 		if r := e.Plugin(t, ctx, as(operator, "replace", "demo", victim, "--max-surge", surge)...); r.Code != 0 || !strings.Contains(r.Stderr, "was replaced by") {

@@ -19,9 +19,12 @@ const (
 	to   = "v1.36.3"
 )
 
+// Both three-replica upgrades run on three failure domains, as a real
+// provider's zones: the machines start one per domain and must end so.
 func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 	t.Parallel()
-	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 2 * time.Second, DeleteDelay: time.Second})
+	e := simtest.Start(t, sim.Options{Replicas: 3, FailureDomains: 3, Version: from, ProvisionDelay: 2 * time.Second, DeleteDelay: time.Second})
+	assertOnePerDomain(t, e)
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -43,6 +46,7 @@ func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 		t.Errorf("last events %v, %v; want the hand-back done, then the summary", handback, last)
 	}
 	assertConverged(t, e, 3, to)
+	assertOnePerDomain(t, e)
 	assertKCPIdle(t, e)
 
 	// Re-running the finished upgrade has nothing to do.
@@ -53,7 +57,7 @@ func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 
 func TestUpgradeThreeReplicasSurgeZero(t *testing.T) {
 	t.Parallel()
-	e := simtest.Start(t, sim.Options{Replicas: 3, Version: from, ProvisionDelay: 2 * time.Second, DeleteDelay: time.Second})
+	e := simtest.Start(t, sim.Options{Replicas: 3, FailureDomains: 3, Version: from, ProvisionDelay: 2 * time.Second, DeleteDelay: time.Second})
 	mon := watchInvariants(t, e, 3, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -63,6 +67,7 @@ func TestUpgradeThreeReplicasSurgeZero(t *testing.T) {
 		t.Fatalf("upgrade exit %d", r.Code)
 	}
 	assertConverged(t, e, 3, to)
+	assertOnePerDomain(t, e)
 }
 
 // The scenario of CAPI issue 2915: one replica, room for one more machine.
