@@ -25,6 +25,9 @@ type Status struct {
 	Next         *NextStatus          `json:"next,omitempty"`
 	Errors       []string             `json:"errors,omitempty"`
 	Operation    *controlplane.Record `json:"operation"`
+	// LastOperation is the last operation this tool finished on the cluster
+	// (its record, moved at hand-back), whoever ran it.
+	LastOperation *controlplane.Record `json:"lastOperation,omitempty"`
 }
 
 // ControlPlaneStatus describes the KubeadmControlPlane.
@@ -93,7 +96,7 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 	}
 	_, paused := cp.KCP.Annotations[clusterv1.PausedAnnotation]
 	st := &Status{
-		Cluster: cp.Cluster.Name, Namespace: cp.Cluster.Namespace, Operation: rec,
+		Cluster: cp.Cluster.Name, Namespace: cp.Cluster.Namespace, Operation: rec, LastOperation: controlplane.LastOf(cp.KCP),
 		ControlPlane: ControlPlaneStatus{Name: cp.KCP.Name, Version: cp.KCP.Spec.Version,
 			Replicas: ptr.Deref(cp.KCP.Spec.Replicas, 1), Paused: paused, PausedByUs: paused && rec != nil},
 		Machines: []MachineStatus{}, EtcdMembers: []MemberStatus{},

@@ -117,6 +117,13 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 		}
 	}
 	fmt.Fprintf(w, "LOCK\t%s\n", lock)
+	if last := st.LastOperation; last != nil {
+		line := last.String()
+		if last.Finished != nil {
+			line += ", finished " + last.Finished.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "LAST OPERATION\t%s\n", line)
+	}
 	if st.Next != nil {
 		fmt.Fprintf(w, "NEXT\t%s: %s\n", st.Next.Action, st.Next.Reason)
 	}

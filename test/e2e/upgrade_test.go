@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -52,6 +53,20 @@ func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 	// Re-running the finished upgrade has nothing to do.
 	if r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to); r.Code != 0 || !strings.Contains(r.Stderr, "nothing to do") {
 		t.Errorf("re-run: exit %d, want 0 with \"nothing to do\"", r.Code)
+	}
+	// status tells a colleague what was done last, and when it finished.
+	var st struct {
+		Operation     any
+		LastOperation *struct {
+			Operation, Target string
+			Finished          *time.Time
+		}
+	}
+	if r := e.Plugin(t, ctx, "status", "demo", "-o", "json"); r.Code != 0 || json.Unmarshal([]byte(r.Stdout), &st) != nil {
+		t.Fatalf("status -o json: exit %d\n%s", r.Code, r.Stdout)
+	}
+	if l := st.LastOperation; st.Operation != nil || l == nil || l.Operation != "upgrade" || l.Target != to || l.Finished == nil {
+		t.Errorf("status after the upgrade: operation %v, last operation %+v; want none in progress and the finished upgrade to %s", st.Operation, l, to)
 	}
 }
 
