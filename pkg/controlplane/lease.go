@@ -177,27 +177,34 @@ func (l *Lock) renew(ctx context.Context) error {
 	return nil
 }
 
-// Release gives the Lease up if it is still ours. Stop Keep first: a renewal
-// between its read and its delete would make the delete fail.
+// Release gives the Lease up if it is still ours. Stop Keep first. Even then
+// a renewal that Keep gave up waiting for may still be written by the API
+// server after this read: the delete, guarded by the resourceVersion read,
+// then conflicts, and the Lease is read and deleted again.
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	key := client.ObjectKeyFromObject(l.lease)
 	l.mu.Unlock()
-	fresh := &coordinationv1.Lease{}
-	if err := l.c.Get(ctx, key, fresh); err != nil {
-		if apierrors.IsNotFound(err) {
+	for attempt := 1; ; attempt++ {
+		fresh := &coordinationv1.Lease{}
+		if err := l.c.Get(ctx, key, fresh); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return err
+		}
+		if ptr.Deref(fresh.Spec.HolderIdentity, "") != l.holder {
 			return nil
+		}
+		err := l.c.Delete(ctx, fresh, client.Preconditions{UID: &fresh.UID, ResourceVersion: &fresh.ResourceVersion})
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil
+		case apierrors.IsConflict(err) && attempt < 3:
+			continue
 		}
 		return err
 	}
-	if ptr.Deref(fresh.Spec.HolderIdentity, "") != l.holder {
-		return nil
-	}
-	err := l.c.Delete(ctx, fresh, client.Preconditions{UID: &fresh.UID, ResourceVersion: &fresh.ResourceVersion})
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	return err
 }
 
 // Lease returns the cluster's Lease, nil when there is none.
