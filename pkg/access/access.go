@@ -38,8 +38,9 @@ type Permission struct {
 	Name string
 }
 
-// String says it as `kubectl auth can-i` takes it, with where it applies:
-// "get secrets.v1 demo-etcd in namespace default".
+// String says it in `kubectl auth can-i`'s words, with where it applies:
+// "get secrets demo-etcd in namespace default", "list deployments.apps in
+// all namespaces".
 func (p Permission) String() string {
 	what := p.Verb + " " + p.Resource
 	if p.Group != "" {
@@ -129,8 +130,8 @@ func (s Scope) expand(verb string, gr schema.GroupResource) []Permission {
 	case gr == leases:
 		return named(controlplane.LeaseName(s.Cluster))
 	case gr.Group == infrastructureGroup && gr.Resource == "*":
-		// Machines are made of InfraMachines of every verb the rule grants;
-		// their template is only read.
+		// The InfraMachine resource takes every verb the rule grants; its
+		// template is only read.
 		out := []Permission{p}
 		if s.InfraMachines != "" {
 			out[0].Resource = s.InfraMachines
