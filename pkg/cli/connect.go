@@ -17,7 +17,6 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 
 	"github.com/cp-rollout/cp-rollout/deploy/rbac"
-
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/access"
 	"github.com/cp-rollout/cp-rollout/pkg/changes"
