@@ -69,7 +69,7 @@ func (c *connection) preflight(ctx context.Context, mgmt client.Client, use engi
 	if use.access == nil {
 		return nil
 	}
-	scope := access.Scope{Namespace: c.Namespace, Cluster: c.Cluster, WithoutControllerLookup: c.KCPVersion != "" || !use.loop}
+	scope := access.Scope{Namespace: c.Namespace, Cluster: c.Cluster, WithoutControllerLookup: c.KCPVersion != ""}
 	if kcp != nil {
 		ref := kcp.Spec.MachineTemplate.Spec.InfrastructureRef
 		scope.InfraMachines, scope.InfraMachineTemplates = access.InfraResources(ref.APIGroup, ref.Kind, func(gk schema.GroupKind) (string, error) {

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cp-rollout/cp-rollout/deploy/rbac"
+	"github.com/cp-rollout/cp-rollout/pkg/access"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
@@ -34,8 +35,9 @@ const (
 // and plan with no warning, and its upgrade is refused before anything is
 // locked or changed, each missing permission named; the cp-rollout-operate
 // identity upgrades, scales up and down and replaces each machine in turn
-// (surge 1, 0, 1), on three failure domains that keep one machine each. Then the management API server's audit log shows that each identity
-// used exactly what its role grants.
+// (surge 1, 0, 1), on three failure domains that keep one machine each. Then
+// the management API server's audit log shows that each identity used exactly
+// what its role grants and the preflight asks for.
 func TestLeastPrivilege(t *testing.T) {
 	t.Parallel()
 	auditLog := filepath.Join(t.TempDir(), "audit.log")
@@ -180,23 +182,15 @@ func bind(t *testing.T, e *env, role *rbacv1.ClusterRole, user string) {
 	}
 }
 
-// grantedBy lists a role's permissions as "verb resource.group", its
-// infrastructure wildcard as the simulator's InfraMachines (every verb) and
-// their template (get).
+// grantedBy lists a role's permissions as "verb resource.group", expanded
+// for the simulator's cluster exactly as the tool's preflight asks for them
+// (the infrastructure wildcard as the simulator's InfraMachines and their
+// template), so what the tool used is also what the preflight asked.
 func grantedBy(role *rbacv1.ClusterRole) map[string]bool {
 	out := map[string]bool{}
-	for _, r := range role.Rules {
-		for _, verb := range r.Verbs {
-			resource, group := r.Resources[0], r.APIGroups[0]
-			if resource == "*" {
-				out[verb+" genericinfrastructuremachines."+group] = true
-				if verb == "get" {
-					out[verb+" genericinfrastructuremachinetemplates."+group] = true
-				}
-				continue
-			}
-			out[strings.TrimSuffix(verb+" "+resource+"."+group, ".")] = true
-		}
+	for _, p := range access.Needs(role, access.Scope{Namespace: "default", Cluster: "demo",
+		InfraMachines: "genericinfrastructuremachines", InfraMachineTemplates: "genericinfrastructuremachinetemplates"}) {
+		out[strings.TrimSuffix(p.Verb+" "+p.Resource+"."+p.Group, ".")] = true
 	}
 	return out
 }
