@@ -6,7 +6,8 @@
 // the kcp-cleanup pre-terminate hook, and the KCP hand-over (see handover.go).
 //
 // Every read goes straight to the API server: decisions are never made on a
-// cache that may lag behind a deletion.
+// cache that may lag behind a deletion. A snapshot reads each object once
+// (see oneRead).
 package controlplane
 
 import (
@@ -80,7 +81,7 @@ func (c *Client) Read(ctx context.Context) (*kcpstate.ControlPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing control-plane machines of %s/%s: %w", c.Namespace, c.Cluster, err)
 	}
-	cp, err := kcpstate.NewControlPlane(ctx, nil, c.c, cluster, kcp, machines)
+	cp, err := kcpstate.NewControlPlane(ctx, nil, newOneRead(c.c, cluster, machines), cluster, kcp, machines)
 	if err != nil {
 		return nil, fmt.Errorf("reading control plane of %s/%s: %w", c.Namespace, c.Cluster, err)
 	}
@@ -115,5 +116,5 @@ func (c *Client) readKCP(ctx context.Context) (*clusterv1.Cluster, *controlplane
 // were want: which machines a new version or configuration makes outdated,
 // before anything is written.
 func (c *Client) WithKCP(ctx context.Context, cp *kcpstate.ControlPlane, want *controlplanev1.KubeadmControlPlane) (*kcpstate.ControlPlane, error) {
-	return kcpstate.NewControlPlane(ctx, nil, c.c, cp.Cluster, want, cp.Machines)
+	return kcpstate.NewControlPlane(ctx, nil, newOneRead(c.c, cp.Cluster, cp.Machines), cp.Cluster, want, cp.Machines)
 }

@@ -90,6 +90,16 @@ func (s *Sim) startControllers(startCtx, runCtx context.Context) error {
 	return nil
 }
 
+// watchNamespace is the namespace the controllers watch, as CAPI's
+// --namespace flag sets it: the simulator's own on a shared management
+// cluster, every namespace ("") on one of its own.
+func (s *Sim) watchNamespace() string {
+	if s.opts.Management != nil {
+		return s.opts.Namespace
+	}
+	return ""
+}
+
 // managerNames hands out manager names. CAPI's setup reserves each manager's
 // informer name for the life of the process (client-go never releases it),
 // so a second simulator in the same test binary needs names of its own.
@@ -115,7 +125,7 @@ func uniqueManagerName(base string) string {
 func (s *Sim) newCoreManager(ctx context.Context) (ctrl.Manager, error) {
 	controllerName := uniqueManagerName("cluster-api-controller-manager")
 	mgr, err := ctrl.NewManager(s.mgmtConfig, s.managerOptions("machine",
-		coresetup.ManagerCacheOptions(Scheme(), controllerName, "", syncPeriod),
+		coresetup.ManagerCacheOptions(Scheme(), controllerName, s.watchNamespace(), syncPeriod),
 		coresetup.ManagerClientOptions()))
 	if err != nil {
 		return nil, err
@@ -153,7 +163,7 @@ func (s *Sim) newCoreManager(ctx context.Context) (ctrl.Manager, error) {
 func (s *Sim) newKCPManager(ctx context.Context) (ctrl.Manager, error) {
 	controllerName := uniqueManagerName("kubeadm-control-plane-manager")
 	mgr, err := ctrl.NewManager(s.mgmtConfig, s.managerOptions("kcp",
-		kcpsetup.ManagerCacheOptions(Scheme(), controllerName, "", syncPeriod),
+		kcpsetup.ManagerCacheOptions(Scheme(), controllerName, s.watchNamespace(), syncPeriod),
 		kcpsetup.ManagerClientOptions()))
 	if err != nil {
 		return nil, err

@@ -256,7 +256,9 @@ func (s *Sim) createProviderDeployments(ctx context.Context) error {
 				},
 			},
 		}
-		if err := s.mgmt.Create(ctx, dep); err != nil {
+		if err := s.mgmt.Create(ctx, dep); apierrors.IsAlreadyExists(err) && s.opts.Management != nil {
+			continue // another simulator on the shared management cluster made it
+		} else if err != nil {
 			return fmt.Errorf("creating Deployment %s/%s: %w", d.namespace, d.name, err)
 		}
 		dep.Status = appsv1.DeploymentStatus{

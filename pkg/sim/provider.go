@@ -110,7 +110,11 @@ func (s *Sim) newProviderManager() (ctrl.Manager, error) {
 		return nil, err
 	}
 
-	mgr, err := ctrl.NewManager(s.mgmtConfig, s.managerOptions("simulated-provider", ctrlcache.Options{}, client.Options{}))
+	var cacheOpts ctrlcache.Options
+	if ns := s.watchNamespace(); ns != "" {
+		cacheOpts.DefaultNamespaces = map[string]ctrlcache.Config{ns: {}}
+	}
+	mgr, err := ctrl.NewManager(s.mgmtConfig, s.managerOptions("simulated-provider", cacheOpts, client.Options{}))
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,9 @@ import (
 // no client holding the old kubeconfig survives, so the process is restarted
 // here from its command line.
 func (s *Sim) RestartManagementAPIServer(ctx context.Context) error {
+	if s.mgmtEnv == nil {
+		return errors.New("the management cluster is shared: only a simulator with one of its own may restart its API server")
+	}
 	s.restartMu.Lock()
 	defer s.restartMu.Unlock()
 	port := s.mgmtEnv.ControlPlane.APIServer.SecureServing.Port

@@ -23,9 +23,6 @@ import (
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/test/builder"
-
-	"github.com/cp-rollout/cp-rollout/pkg/sim/crds"
 )
 
 // Options configure a simulator. The zero value of every field means its default.
@@ -68,6 +65,13 @@ type Options struct {
 	// what to which object). Empty: no audit log.
 	AuditLog string
 
+	// Management is a management cluster shared with other simulators
+	// (StartManagement); nil starts one of the simulator's own. On a shared
+	// one every simulator needs a Namespace of its own, and its controllers
+	// watch that namespace alone. AuditLog and RestartManagementAPIServer
+	// need a management cluster of the simulator's own.
+	Management *Management
+
 	// AssetsDir holds kube-apiserver and etcd; default AssetsDir().
 	AssetsDir string
 	// Log receives the controllers' logs; default discards them.
@@ -104,6 +108,8 @@ func (o *Options) defaults() error {
 		return errors.New("delays must not be negative")
 	case o.FailureDomains < 0:
 		return fmt.Errorf("failure domains must be 0 (none) or more, got %d", o.FailureDomains)
+	case o.Management != nil && o.AuditLog != "":
+		return errors.New("an audit log needs a management cluster of the simulator's own")
 	}
 	if o.AssetsDir == "" {
 		dir, err := AssetsDir()
@@ -125,6 +131,7 @@ type Sim struct {
 	workloadEnv *envtest.Environment
 
 	mgmtConfig     *rest.Config
+	mgmtKubeconfig []byte
 	workloadConfig *rest.Config
 	mgmt           client.Client
 	workload       client.Client
@@ -208,18 +215,11 @@ func Start(ctx context.Context, opts Options) (_ *Sim, err error) {
 	return s, nil
 }
 
-// startClusters starts the management and workload API servers in parallel:
-// each takes a few seconds, most of it the API server's own start-up.
+// startClusters starts the management and workload API servers in parallel
+// (or the workload one alone, on a shared management cluster): each takes a
+// few seconds, most of it the API server's own start-up.
 func (s *Sim) startClusters(ctx context.Context) error {
-	crdList, err := crds.ClusterAPI()
-	if err != nil {
-		return err
-	}
-	crdList = append(crdList,
-		builder.GenericInfrastructureClusterCRD.DeepCopy(),
-		builder.GenericInfrastructureMachineCRD.DeepCopy(),
-		builder.GenericInfrastructureMachineTemplateCRD.DeepCopy(),
-	)
+	var err error
 	s.binDir, err = os.MkdirTemp("", "cp-rollout-sim-bin-")
 	if err != nil {
 		return err
@@ -228,25 +228,13 @@ func (s *Sim) startClusters(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	controlPlane := func() envtest.ControlPlane {
-		return envtest.ControlPlane{
-			APIServer: &envtest.APIServer{Path: apiServerBin},
-			Etcd:      &envtest.Etcd{Path: etcdBin},
-		}
-	}
-	s.mgmtEnv = &envtest.Environment{
-		ControlPlane:          controlPlane(),
-		BinaryAssetsDirectory: s.opts.AssetsDir,
-		Scheme:                Scheme(),
-		CRDs:                  crdList,
-		ErrorIfCRDPathMissing: true,
-		// A loaded two-core machine can take longer than envtest's 20 s
-		// default to start or stop a kube-apiserver.
-		ControlPlaneStartTimeout: time.Minute,
-		ControlPlaneStopTimeout:  time.Minute,
+	if shared := s.opts.Management; shared != nil {
+		s.mgmtConfig, s.mgmtKubeconfig = shared.config, shared.env.KubeConfig
+	} else if s.mgmtEnv, err = managementEnvironment(apiServerBin, etcdBin, s.opts.AssetsDir); err != nil {
+		return err
 	}
 	s.workloadEnv = &envtest.Environment{
-		ControlPlane:             controlPlane(),
+		ControlPlane:             envtest.ControlPlane{APIServer: &envtest.APIServer{Path: apiServerBin}, Etcd: &envtest.Etcd{Path: etcdBin}},
 		BinaryAssetsDirectory:    s.opts.AssetsDir,
 		ControlPlaneStartTimeout: time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
@@ -267,15 +255,17 @@ func (s *Sim) startClusters(ctx context.Context) error {
 	s.threadsRelease = make(chan struct{})
 	var wg sync.WaitGroup
 	var mgmtErr, workloadErr error
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		onOwnThread(s.threadsRelease, func() { s.mgmtConfig, mgmtErr = s.mgmtEnv.Start() })
-	}()
-	go func() {
-		defer wg.Done()
+	if s.mgmtEnv != nil {
+		wg.Go(func() {
+			onOwnThread(s.threadsRelease, func() { s.mgmtConfig, mgmtErr = s.mgmtEnv.Start() })
+			if mgmtErr == nil {
+				s.mgmtKubeconfig = s.mgmtEnv.KubeConfig
+			}
+		})
+	}
+	wg.Go(func() {
 		onOwnThread(s.threadsRelease, func() { s.workloadConfig, workloadErr = s.workloadEnv.Start() })
-	}()
+	})
 	wg.Wait()
 	if mgmtErr != nil {
 		s.mgmtEnv = nil
@@ -406,7 +396,7 @@ func (s *Sim) WorkloadClient() client.Client { return s.workload }
 // embedded admin credentials and a current context whose namespace is the
 // Cluster's, so kubectl and the plugin find the Cluster without flags.
 func (s *Sim) ManagementKubeconfig() ([]byte, error) {
-	cfg, err := clientcmd.Load(s.mgmtEnv.KubeConfig)
+	cfg, err := clientcmd.Load(s.mgmtKubeconfig)
 	if err != nil {
 		return nil, err
 	}

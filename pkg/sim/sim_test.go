@@ -263,7 +263,7 @@ func TestCapacityHoldsBackSurgeMachine(t *testing.T) {
 // new spec.version makes the real KCP roll every machine.
 func TestKCPOnItsOwn(t *testing.T) {
 	t.Parallel()
-	s := simtest.Start(t, sim.Options{Replicas: 3, ProvisionDelay: 200 * time.Millisecond, DeleteDelay: 200 * time.Millisecond}).Sim
+	s := simtest.StartOwn(t, sim.Options{Replicas: 3, ProvisionDelay: 200 * time.Millisecond, DeleteDelay: 200 * time.Millisecond}).Sim
 	ctx := context.Background()
 	c := s.ManagementClient()
 

@@ -35,7 +35,7 @@ func TestEtcdThroughTheSimulator(t *testing.T) {
 		t.Fatal(err)
 	}
 	machines := &clusterv1.MachineList{}
-	if err := c.List(ctx, machines, client.InNamespace("default")); err != nil {
+	if err := c.List(ctx, machines, client.InNamespace(e.Sim.ClusterKey().Namespace)); err != nil {
 		t.Fatal(err)
 	}
 	var names []string

@@ -199,7 +199,7 @@ func TestLeaseLostMidRun(t *testing.T) {
 func TestManagementAPIServerRestart(t *testing.T) {
 	// One machine to replace is enough to have a run in flight, and this test
 	// runs with nothing beside it: every second of it is a second of make test.
-	e := simtest.Start(t, sim.Options{Replicas: 1, Capacity: 2, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
+	e := simtest.StartOwn(t, sim.Options{Replicas: 1, Capacity: 2, Version: from, ProvisionDelay: 4 * time.Second, DeleteDelay: time.Second})
 	mon := watchInvariants(t, e, 2, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
@@ -26,11 +27,14 @@ import (
 
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/sim"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // monitor watches a scenario from the outside, every 100 ms, and records every
-// breach of the invariants a rollout must keep:
+// breach of the invariants a rollout must keep (the machines and InfraMachines
+// come from watches of its own, so sampling adds no requests to the API
+// server the scenario runs on; the etcd members are asked each time):
 //   - never more than maxMachines control-plane machines;
 //   - the last control-plane machine is never deleted;
 //   - voting etcd members never fall below quorum of the current membership,
@@ -48,6 +52,7 @@ type monitor struct {
 	deleting   map[string]bool // machines seen deleting
 	infraGoing map[string]bool // machines whose InfraMachine was seen deleting
 	samples    int
+	cache      ctrlcache.Cache
 	etcd       *etcd.Client
 	stop       context.CancelFunc
 	done       chan struct{}
@@ -72,13 +77,20 @@ func watchInvariants(t *testing.T, e *env, maxMachines, minHealthy int) *monitor
 	if err != nil {
 		t.Fatal(err)
 	}
+	cache, err := ctrlcache.New(e.Sim.ManagementConfig(), ctrlcache.Options{Scheme: sim.Scheme(),
+		DefaultNamespaces: map[string]ctrlcache.Config{e.Sim.ClusterKey().Namespace: {}}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := &monitor{e: e, maxMachines: maxMachines, minHealthy: minHealthy, lowHealthy: 1 << 30,
-		deleting: map[string]bool{}, infraGoing: map[string]bool{}, etcd: ec, stop: cancel, done: make(chan struct{})}
+		deleting: map[string]bool{}, infraGoing: map[string]bool{}, cache: cache, etcd: ec, stop: cancel, done: make(chan struct{})}
+	go func() { _ = cache.Start(ctx) }()
 	// A machine already deleting when the watch begins was deleted by the
 	// scenario itself (it may well be the leader's): only deletions that start
 	// while watched are the tool's.
-	machines, err := e.Sim.Machines(ctx)
+	machines, err := m.machines(ctx)
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	for _, mc := range machines {
@@ -89,6 +101,19 @@ func watchInvariants(t *testing.T, e *env, maxMachines, minHealthy int) *monitor
 	go m.run(ctx)
 	t.Cleanup(func() { m.halt(); _ = ec.Close() })
 	return m
+}
+
+// machines are the cluster's control-plane Machines as the monitor's watch
+// last saw them, by name.
+func (m *monitor) machines(ctx context.Context) ([]clusterv1.Machine, error) {
+	list := &clusterv1.MachineList{}
+	if err := m.cache.List(ctx, list, client.InNamespace(m.e.Sim.ClusterKey().Namespace),
+		client.MatchingLabels{clusterv1.ClusterNameLabel: m.e.Sim.ClusterKey().Name},
+		client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
+		return nil, err
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+	return list.Items, nil
 }
 
 // memberNodes are the simulated nodes whose etcd member runs, with the
@@ -122,10 +147,9 @@ func (m *monitor) run(ctx context.Context) {
 }
 
 func (m *monitor) sample(ctx context.Context) {
-	c := m.e.Sim.ManagementClient()
-	machines, err := m.e.Sim.Machines(ctx)
+	machines, err := m.machines(ctx)
 	if err != nil {
-		return // the management API server may be restarting in a fault scenario
+		return // stopped
 	}
 	nodes := m.memberNodes()
 	var members []etcd.Member
@@ -195,7 +219,7 @@ func (m *monitor) sample(ctx context.Context) {
 			}
 		}
 		if !mc.DeletionTimestamp.IsZero() && node != "" && !m.infraGoing[mc.Name] {
-			infra, err := external.GetObjectFromContractVersionedRef(ctx, c, mc.Spec.InfrastructureRef, mc.Namespace)
+			infra, err := external.GetObjectFromContractVersionedRef(ctx, m.cache, mc.Spec.InfrastructureRef, mc.Namespace)
 			if err == nil && infra.GetDeletionTimestamp() != nil && !m.seen(m.infraGoing, mc.Name) {
 				// The members were listed before the InfraMachine was read: on a
 				// starved machine the member may have been removed in between.

@@ -147,7 +147,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	// A worker machine of the same cluster: not a control-plane machine.
-	worker := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "demo-md-0-abc12", Namespace: "default",
+	ns := e.Sim.ClusterKey().Namespace
+	worker := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "demo-md-0-abc12", Namespace: ns,
 		Labels: map[string]string{clusterv1.ClusterNameLabel: "demo"}}}
 	worker.Spec.ClusterName = "demo"
 	worker.Spec.Bootstrap.DataSecretName = ptrTo("none")
@@ -156,7 +157,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A Cluster whose control plane is not a KubeadmControlPlane.
-	other := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "no-kcp", Namespace: "default"}}
+	other := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "no-kcp", Namespace: ns}}
 	other.Spec.ControlPlaneRef = clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.example.com", Kind: "OtherControlPlane", Name: "x"}
 	if err := e.Sim.ManagementClient().Create(ctx, other); err != nil {
 		t.Fatal(err)
@@ -194,7 +195,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{[]string{"scale", "demo", "--replicas", "4"}, 2, "odd"},
 		{[]string{"replace", "demo", worker.Name}, 2, "not a control-plane machine"},
 		{[]string{"replace", "demo", "no-such-machine"}, 2, "not a control-plane machine"},
-		{[]string{"upgrade", "nope", "--version", to}, 3, "cluster default/nope not found"},
+		{[]string{"upgrade", "nope", "--version", to}, 3, "cluster " + ns + "/nope not found"},
 		{[]string{"upgrade", "demo", "--version", to, "-n", "no-such-namespace"}, 3, "not found"},
 		{[]string{"upgrade", "no-kcp", "--version", to}, 3, "not a KubeadmControlPlane"},
 	} {
@@ -203,7 +204,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	// An identity with no permission at all is refused before anything is
 	// locked: exit 6, every missing permission on a line of its own.
 	if r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to, "--as", "nobody"); r.Code != 6 ||
-		!strings.HasPrefix(r.Stderr, "error: nobody lacks") || !strings.Contains(r.Stderr, "\n  cannot get clusters.cluster.x-k8s.io in namespace default\n") {
+		!strings.HasPrefix(r.Stderr, "error: nobody lacks") || !strings.Contains(r.Stderr, "\n  cannot get clusters.cluster.x-k8s.io in namespace "+ns+"\n") {
 		t.Errorf("upgrade --as nobody: exit %d, stderr %q; want 6 listing what nobody lacks", r.Code, r.Stderr)
 	}
 	// A broken etcd CA Secret: each row breaks it before the command and puts
@@ -212,8 +213,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 		breakCA func(t *testing.T, e *env) (restore func())
 		says    []string
 	}{
-		{withoutEtcdCA, []string{"etcd CA Secret default/demo-etcd not found"}},
-		{withOtherEtcdCA, []string{"not signed by the etcd CA in Secret default/demo-etcd", "on node "}},
+		{withoutEtcdCA, []string{"etcd CA Secret " + ns + "/demo-etcd not found"}},
+		{withOtherEtcdCA, []string{"not signed by the etcd CA in Secret " + ns + "/demo-etcd", "on node "}},
 	} {
 		restore := tc.breakCA(t, e)
 		expect([]string{"upgrade", "demo", "--version", to}, 3, tc.says...)

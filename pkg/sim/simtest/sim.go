@@ -103,10 +103,32 @@ func teardown() {
 
 // Start starts a simulator for the test, on a loopback /24 of its own unless
 // opts names one, waits until its control plane is ready, and stops it when
-// the test ends. Missing binaries fail the test: a skipped simulator proves
+// the test ends. Its Cluster lives in a namespace of its own on the test
+// binary's shared management cluster (see management), unless the test needs
+// one of its own: an audit log, no KCP controller (the provider Deployments
+// say so). Missing binaries fail the test: a skipped simulator proves
 // nothing.
 func Start(t testing.TB, opts sim.Options) *Env {
 	t.Helper()
+	return startFor(t, opts, opts.AuditLog == "" && !opts.WithoutKCP)
+}
+
+// StartOwn is Start with a management cluster of the simulator's own, for a
+// scenario that restarts its API server.
+func StartOwn(t testing.TB, opts sim.Options) *Env {
+	t.Helper()
+	return startFor(t, opts, false)
+}
+
+func startFor(t testing.TB, opts sim.Options, share bool) *Env {
+	t.Helper()
+	if share {
+		m, err := management()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Management = m
+	}
 	e, stop, err := start(t, opts, t.TempDir())
 	if stop != nil {
 		t.Cleanup(func() {
@@ -121,6 +143,48 @@ func Start(t testing.TB, opts sim.Options) *Env {
 	return e
 }
 
+// shared is the test binary's management cluster, started by the first
+// simulator that shares it and stopped after every simulator (see Main).
+var shared struct {
+	sync.Mutex
+	m          *sim.Management
+	err        error
+	namespaces int
+}
+
+// management returns the shared management cluster, starting it first.
+func management() (*sim.Management, error) {
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.m == nil && shared.err == nil {
+		release := takeStartSlot()
+		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+		shared.m, shared.err = sim.StartManagement(ctx, "")
+		cancel()
+		release()
+		if shared.err != nil {
+			shared.err = fmt.Errorf("starting the shared management cluster: %w", shared.err)
+		} else {
+			m := shared.m
+			atTeardown(func() {
+				if err := m.Stop(); err != nil {
+					fmt.Fprintf(os.Stderr, "stopping the shared management cluster: %v\n", err)
+				}
+			})
+		}
+	}
+	return shared.m, shared.err
+}
+
+// namespace names the next simulator's namespace on the shared management
+// cluster: never one an earlier simulator used, whose objects remain.
+func namespace() string {
+	shared.Lock()
+	defer shared.Unlock()
+	shared.namespaces++
+	return fmt.Sprintf("sim-%d", shared.namespaces)
+}
+
 func start(t testing.TB, opts sim.Options, dir string) (*Env, func() error, error) {
 	t.Helper()
 	if opts.AddressPrefix == "" {
@@ -129,6 +193,9 @@ func start(t testing.TB, opts sim.Options, dir string) (*Env, func() error, erro
 			return nil, nil, err
 		}
 		opts.AddressPrefix = prefix
+	}
+	if opts.Management != nil && opts.Namespace == "" {
+		opts.Namespace = namespace()
 	}
 	if opts.Log.GetSink() == nil {
 		opts.Log = Logger()
@@ -153,7 +220,7 @@ func start(t testing.TB, opts sim.Options, dir string) (*Env, func() error, erro
 	if err := os.WriteFile(path, raw, 0o600); err != nil {
 		return nil, s.Stop, err
 	}
-	t.Logf("simulator with %d replicas on %s.x ready in %.1fs", s.Options().Replicas, opts.AddressPrefix, time.Since(began).Seconds())
+	t.Logf("simulator with %d replicas on %s.x, namespace %s, ready in %.1fs", s.Options().Replicas, opts.AddressPrefix, s.Options().Namespace, time.Since(began).Seconds())
 	return &Env{Sim: s, Kubeconfig: path}, s.Stop, nil
 }
 
@@ -185,8 +252,12 @@ func (s *Shared) Use(t testing.TB) *Env {
 			s.err = err
 			return
 		}
+		opts := s.opts
+		if opts.Management, s.err = management(); s.err != nil {
+			return
+		}
 		var stop func() error
-		s.env, stop, s.err = start(t, s.opts, dir)
+		s.env, stop, s.err = start(t, opts, dir)
 		atTeardown(func() {
 			if stop != nil {
 				if err := stop(); err != nil {

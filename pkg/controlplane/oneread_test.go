@@ -1,0 +1,129 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"testing"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/collections"
+)
+
+// TestSnapshotReadsEachObjectOnce: a snapshot of three machines lists the
+// InfraMachines and KubeadmConfigs once each and reads the template once,
+// and KCP's view built from those reads is the view built from one GET per
+// object. An InfraMachine without the cluster's label is read on its own, and
+// so is every object when the role does not allow the list.
+func TestSnapshotReadsEachObjectOnce(t *testing.T) {
+	const ns, name = "default", "demo"
+	infraGV := schema.GroupVersion{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2"}
+	crd := func(plural string) *apiextensionsv1.CustomResourceDefinition {
+		return &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{
+			Name: plural + "." + infraGV.Group, Labels: map[string]string{"cluster.x-k8s.io/v1beta2": "v1beta2"}}}
+	}
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+	kcp := &controlplanev1.KubeadmControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: name + "-cp", Namespace: ns, UID: "kcp-uid"},
+		Spec: controlplanev1.KubeadmControlPlaneSpec{Version: "v1.36.3",
+			MachineTemplate: controlplanev1.KubeadmControlPlaneMachineTemplate{Spec: controlplanev1.KubeadmControlPlaneMachineTemplateSpec{
+				InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infraGV.Group, Kind: "GenericInfrastructureMachineTemplate", Name: "tmpl"}}}},
+	}
+	labels := map[string]string{clusterv1.ClusterNameLabel: name, clusterv1.MachineControlPlaneLabel: ""}
+	template := &unstructured.Unstructured{}
+	template.SetGroupVersionKind(infraGV.WithKind("GenericInfrastructureMachineTemplate"))
+	template.SetNamespace(ns)
+	template.SetName("tmpl")
+	_ = unstructured.SetNestedMap(template.Object, map[string]any{"providerID": "x"}, "spec", "template", "spec")
+	objs := []client.Object{crd("genericinfrastructuremachines"), crd("genericinfrastructuremachinetemplates"), cluster, kcp, template}
+	machines := collections.New()
+	for i, version := range []string{"v1.35.2", "v1.36.3", "v1.36.3"} {
+		m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("m%d", i), Namespace: ns, Labels: labels},
+			Spec: clusterv1.MachineSpec{ClusterName: name, Version: version,
+				InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infraGV.Group, Kind: "GenericInfrastructureMachine", Name: fmt.Sprintf("m%d", i)},
+				Bootstrap: clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{
+					APIGroup: bootstrapv1.GroupVersion.Group, Kind: "KubeadmConfig", Name: fmt.Sprintf("m%d", i)}}}}
+		machines.Insert(m)
+		infra := &unstructured.Unstructured{}
+		infra.SetGroupVersionKind(infraGV.WithKind("GenericInfrastructureMachine"))
+		infra.SetNamespace(ns)
+		infra.SetName(m.Name)
+		infra.SetAnnotations(map[string]string{clusterv1.TemplateClonedFromNameAnnotation: "tmpl",
+			clusterv1.TemplateClonedFromGroupKindAnnotation: "GenericInfrastructureMachineTemplate." + infraGV.Group})
+		if i != 2 {
+			infra.SetLabels(labels) // m2's InfraMachine lacks the label: read on its own
+		}
+		config := &bootstrapv1.KubeadmConfig{ObjectMeta: metav1.ObjectMeta{Name: m.Name, Namespace: ns, Labels: labels}}
+		objs = append(objs, m, infra, config)
+	}
+
+	scheme := Scheme()
+	_ = apiextensionsv1.AddToScheme(scheme)
+	type counts map[string]int
+	build := func(refuseLists bool) (client.Client, counts) {
+		n := counts{}
+		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
+			Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+				if _, crd := obj.(*metav1.PartialObjectMetadata); !crd {
+					gvk, _ := c.GroupVersionKindFor(obj)
+					n["get "+gvk.Kind+" "+key.Name]++
+				}
+				return c.Get(ctx, key, obj, opts...)
+			},
+			List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+				gvk, _ := c.GroupVersionKindFor(list)
+				n["list "+gvk.Kind]++
+				if refuseLists && gvk.Kind != "MachineList" {
+					return apierrors.NewForbidden(schema.GroupResource{Resource: gvk.Kind}, "", fmt.Errorf("get only"))
+				}
+				return c.List(ctx, list, opts...)
+			},
+		}).Build()
+		return withCRDMetadataCache(c), n
+	}
+	ctx := context.Background()
+
+	plain, perObject := build(false)
+	want, err := kcpstate.NewControlPlane(ctx, nil, plain, cluster, kcp, machines)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if perObject["get GenericInfrastructureMachineTemplate tmpl"] != 3 {
+		t.Fatalf("KCP's own reads %v: the template is not read per machine, nothing to share", perObject)
+	}
+	for _, refuse := range []bool{false, true} {
+		c, n := build(refuse)
+		got, err := kcpstate.NewControlPlane(ctx, nil, newOneRead(c, cluster, machines), cluster, kcp, machines)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got.MachinesNotUpToDate.Names(), want.MachinesNotUpToDate.Names()) || len(got.MachinesNotUpToDate) != 1 ||
+			!reflect.DeepEqual(got.KubeadmConfigs, want.KubeadmConfigs) || !reflect.DeepEqual(got.InfraResources, want.InfraResources) {
+			t.Errorf("lists refused %v: KCP's view differs from one built with a GET per object: outdated %v, want %v",
+				refuse, got.MachinesNotUpToDate.Names(), want.MachinesNotUpToDate.Names())
+		}
+		// KCP's UpToDate reads the template for every machine.
+		wantCounts := counts{"list GenericInfrastructureMachineList": 1, "list KubeadmConfigList": 1,
+			"get GenericInfrastructureMachine m2": 1, "get GenericInfrastructureMachineTemplate tmpl": 1}
+		if refuse {
+			for _, m := range []string{"m0", "m1", "m2"} {
+				wantCounts["get GenericInfrastructureMachine "+m], wantCounts["get KubeadmConfig "+m] = 1, 1
+			}
+		}
+		if !reflect.DeepEqual(n, wantCounts) {
+			t.Errorf("lists refused %v: requests %v, want %v", refuse, n, wantCounts)
+		}
+	}
+}
