@@ -26,7 +26,8 @@ import (
 // list and the gets go to the API server when the snapshot is taken, and
 // nothing outlives the snapshot. An object the list did not return (a
 // missing label, a list refused by a role that grants get alone) is read
-// with a GET as before.
+// with a GET as before. One snapshot is read by one goroutine (KCP's
+// NewControlPlane reads one object at a time), so nothing here is locked.
 type oneRead struct {
 	client.Client
 	namespace, cluster string

@@ -6,7 +6,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"go.uber.org/zap"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
@@ -37,9 +39,13 @@ const (
 // managers each register a "clustercache" controller in one process, as two
 // separate binaries would.
 func (s *Sim) managerOptions(name string, cacheOpts ctrlcache.Options, clientOpts client.Options) ctrl.Options {
+	return managerOptions(s.opts.Log, name, cacheOpts, clientOpts)
+}
+
+func managerOptions(log logr.Logger, name string, cacheOpts ctrlcache.Options, clientOpts client.Options) ctrl.Options {
 	return ctrl.Options{
 		Scheme: Scheme(),
-		Logger: s.opts.Log.WithName(name),
+		Logger: log.WithName(name),
 		Controller: config.Controller{
 			SkipNameValidation: ptr.To(true),
 			CacheSyncTimeout:   2 * time.Minute,
@@ -53,51 +59,59 @@ func (s *Sim) managerOptions(name string, cacheOpts ctrlcache.Options, clientOpt
 
 // startControllers starts, each in its own manager as in production, the
 // Cluster API core controller (its Machine reconciler), the KCP controller
-// unless disabled, and the simulated provider. startCtx bounds waiting for
-// their caches; runCtx ends them.
+// unless disabled, and the simulated provider. On a shared management
+// cluster the core and KCP controllers are the Management's, watching every
+// cluster on it as in production; only the provider is the simulator's own.
+// startCtx bounds waiting for their caches; runCtx ends them.
 func (s *Sim) startControllers(startCtx, runCtx context.Context) error {
-	core, err := s.newCoreManager(runCtx)
-	if err != nil {
-		return fmt.Errorf("setting up the Machine controller: %w", err)
-	}
-	managers := []ctrl.Manager{core}
-	if !s.opts.WithoutKCP {
-		kcp, err := s.newKCPManager(runCtx)
+	var managers []ctrl.Manager
+	var names []string
+	if s.opts.Management == nil {
+		capi, capiNames, shutdowns, err := capiManagers(runCtx, s.mgmtConfig, s.opts.Log, !s.opts.WithoutKCP)
+		s.shutdowns = append(s.shutdowns, shutdowns...)
 		if err != nil {
-			return fmt.Errorf("setting up the KubeadmControlPlane controller: %w", err)
+			return err
 		}
-		managers = append(managers, kcp)
+		managers, names = capi, capiNames
 	}
 	prov, err := s.newProviderManager()
 	if err != nil {
 		return fmt.Errorf("setting up the simulated provider: %w", err)
 	}
 	managers = append(managers, prov)
-
-	names := []string{"cluster-api-controller-manager", "kubeadm-control-plane-controller-manager", "simulated-provider"}
-	if s.opts.WithoutKCP {
-		names = []string{names[0], names[2]}
-	}
+	names = append(names, "simulated-provider")
 	for i, m := range managers {
-		m := m
 		s.goRun(names[i], func() error { return m.Start(runCtx) })
 	}
+	return waitForCaches(startCtx, managers, names)
+}
+
+// capiManagers sets up Cluster API's core controller manager and, with kcp,
+// the KubeadmControlPlane controller manager; shutdowns stop their
+// ClusterCaches' connections once the managers have stopped.
+func capiManagers(ctx context.Context, cfg *rest.Config, log logr.Logger, kcp bool) (managers []ctrl.Manager, names []string, shutdowns []func(), err error) {
+	core, shutdown, err := newCoreManager(ctx, cfg, log)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("setting up the Machine controller: %w", err)
+	}
+	managers, names, shutdowns = append(managers, core), append(names, "cluster-api-controller-manager"), append(shutdowns, shutdown)
+	if kcp {
+		m, shutdown, err := newKCPManager(ctx, cfg, log)
+		if err != nil {
+			return nil, nil, shutdowns, fmt.Errorf("setting up the KubeadmControlPlane controller: %w", err)
+		}
+		managers, names, shutdowns = append(managers, m), append(names, "kubeadm-control-plane-controller-manager"), append(shutdowns, shutdown)
+	}
+	return managers, names, shutdowns, nil
+}
+
+func waitForCaches(ctx context.Context, managers []ctrl.Manager, names []string) error {
 	for i, m := range managers {
-		if !m.GetCache().WaitForCacheSync(startCtx) {
-			return fmt.Errorf("%s: caches did not sync: %w", names[i], context.Cause(startCtx))
+		if !m.GetCache().WaitForCacheSync(ctx) {
+			return fmt.Errorf("%s: caches did not sync: %w", names[i], context.Cause(ctx))
 		}
 	}
 	return nil
-}
-
-// watchNamespace is the namespace the controllers watch, as CAPI's
-// --namespace flag sets it: the simulator's own on a shared management
-// cluster, every namespace ("") on one of its own.
-func (s *Sim) watchNamespace() string {
-	if s.opts.Management != nil {
-		return s.opts.Namespace
-	}
-	return ""
 }
 
 // managerNames hands out manager names. CAPI's setup reserves each manager's
@@ -122,20 +136,20 @@ func uniqueManagerName(base string) string {
 // ClusterCache with a Secret-caching client and the core setup's cache and
 // client options (its Node providerID index is what nodeRef lookup uses),
 // and the default indexes.
-func (s *Sim) newCoreManager(ctx context.Context) (ctrl.Manager, error) {
+func newCoreManager(ctx context.Context, cfg *rest.Config, log logr.Logger) (ctrl.Manager, func(), error) {
 	controllerName := uniqueManagerName("cluster-api-controller-manager")
-	mgr, err := ctrl.NewManager(s.mgmtConfig, s.managerOptions("machine",
-		coresetup.ManagerCacheOptions(Scheme(), controllerName, s.watchNamespace(), syncPeriod),
+	mgr, err := ctrl.NewManager(cfg, managerOptions(log, "machine",
+		coresetup.ManagerCacheOptions(Scheme(), controllerName, "", syncPeriod),
 		coresetup.ManagerClientOptions()))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := index.AddDefaultIndexes(ctx, mgr); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	secretCachingClient, err := coresetup.CreateSecretCachingClient(mgr)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	clusterCache, err := clustercache.SetupWithManager(ctx, mgr, clustercache.Options{
 		SecretClient: secretCachingClient,
@@ -143,34 +157,33 @@ func (s *Sim) newCoreManager(ctx context.Context) (ctrl.Manager, error) {
 		Client:       coresetup.ClusterCacheClientOptions(controllerName, 20, 30),
 	}, controller.Options{MaxConcurrentReconciles: 10})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	s.shutdownOnStop(clusterCache)
 	if err := (&machine.Reconciler{
 		Client:                      mgr.GetClient(),
 		APIReader:                   mgr.GetAPIReader(),
 		ClusterCache:                clusterCache,
 		RemoteConditionsGracePeriod: remoteConditionsGracePeriod,
 	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 10}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return mgr, nil
+	return mgr, shutdownOf(clusterCache), nil
 }
 
 // newKCPManager wires the KubeadmControlPlane reconciler as
 // controlplane/kubeadm/main.go does, with the in-place updates gate off (its
 // default) so no Runtime SDK client is needed.
-func (s *Sim) newKCPManager(ctx context.Context) (ctrl.Manager, error) {
+func newKCPManager(ctx context.Context, cfg *rest.Config, log logr.Logger) (ctrl.Manager, func(), error) {
 	controllerName := uniqueManagerName("kubeadm-control-plane-manager")
-	mgr, err := ctrl.NewManager(s.mgmtConfig, s.managerOptions("kcp",
-		kcpsetup.ManagerCacheOptions(Scheme(), controllerName, s.watchNamespace(), syncPeriod),
+	mgr, err := ctrl.NewManager(cfg, managerOptions(log, "kcp",
+		kcpsetup.ManagerCacheOptions(Scheme(), controllerName, "", syncPeriod),
 		kcpsetup.ManagerClientOptions()))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	secretCachingClient, err := kcpsetup.CreateSecretCachingClient(mgr)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	clusterCache, err := clustercache.SetupWithManager(ctx, mgr, clustercache.Options{
 		SecretClient: secretCachingClient,
@@ -178,9 +191,8 @@ func (s *Sim) newKCPManager(ctx context.Context) (ctrl.Manager, error) {
 		Client:       kcpsetup.ClusterCacheClientOptions(controllerName, 20, 30),
 	}, controller.Options{MaxConcurrentReconciles: 10})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	s.shutdownOnStop(clusterCache)
 	if err := (&kubeadmcontrolplane.Reconciler{
 		Client:                      mgr.GetClient(),
 		APIReader:                   mgr.GetAPIReader(),
@@ -194,17 +206,18 @@ func (s *Sim) newKCPManager(ctx context.Context) (ctrl.Manager, error) {
 		MaxConcurrentReconciles: 10,
 		ReconciliationTimeout:   3 * time.Minute,
 	}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return mgr, nil
+	return mgr, shutdownOf(clusterCache), nil
 }
 
-// shutdownOnStop arranges for a ClusterCache's workload-cluster caches to stop
-// with the simulator. Their watches outlive the manager (a controller process
-// simply exits), and the workload API server would wait a minute for them to
-// close before it stops. CAPI's own tests stop them the same way.
-func (s *Sim) shutdownOnStop(cc clustercache.ClusterCache) {
+// shutdownOf is what stops a ClusterCache's workload-cluster caches. Their
+// watches outlive the manager (a controller process simply exits), and the
+// workload API server would wait a minute for them to close before it stops.
+// CAPI's own tests stop them the same way.
+func shutdownOf(cc clustercache.ClusterCache) func() {
 	if sd, ok := cc.(interface{ Shutdown() }); ok {
-		s.shutdowns = append(s.shutdowns, sd.Shutdown)
+		return sd.Shutdown
 	}
+	return func() {}
 }

@@ -4,34 +4,49 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/test/builder"
 
 	"github.com/cp-rollout/cp-rollout/pkg/sim/crds"
 )
 
 // Management is a management cluster (a real kube-apiserver and etcd with
-// Cluster API's CRDs) that several simulators share, as one management
-// cluster hosts many clusters. Each simulator on it keeps its Cluster in a
-// namespace of its own and runs its own controllers watching that namespace,
-// as a Cluster API installation started with --namespace does; it still has
-// a workload cluster, etcd members and nodes of its own. Sharing saves an API
-// server's start-up (most of a simulator's) and its idle load per cluster.
+// Cluster API's CRDs, core and KubeadmControlPlane controllers) that several
+// simulators share, as one management cluster hosts many clusters. Each
+// simulator on it keeps its Cluster in a namespace of its own, with its own
+// simulated provider, workload cluster, etcd members and nodes. Sharing saves
+// an API server's and the controllers' start-up (most of a simulator's) and
+// their idle load per cluster.
+//
+// The controllers watch every namespace, as in production: Cluster API
+// v1.14.2's KubeadmControlPlane controller cannot watch one namespace alone
+// (--namespace), its consistency check fails to cast the namespaced Machine
+// informer ("failed to cast Machine informer to SharedIndexInformer").
 type Management struct {
 	env            *envtest.Environment
 	config         *rest.Config
 	binDir         string
 	threadsRelease chan struct{}
+
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	shutdowns []func()
 }
 
 // StartManagement starts a management cluster for simulators to share; stop
 // it with Stop once they have all stopped. assetsDir holds kube-apiserver and
 // etcd; empty means AssetsDir().
-func StartManagement(ctx context.Context, assetsDir string) (_ *Management, err error) {
+func StartManagement(ctx context.Context, assetsDir string, log logr.Logger) (_ *Management, err error) {
 	if assetsDir == "" {
 		if assetsDir, err = AssetsDir(); err != nil {
 			return nil, err
@@ -59,11 +74,34 @@ func StartManagement(ctx context.Context, assetsDir string) (_ *Management, err 
 		m.env = nil
 		return nil, fmt.Errorf("starting the management cluster: %w", startErr)
 	}
-	return m, ctx.Err()
+	runCtx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	managers, names, shutdowns, err := capiManagers(runCtx, m.config, log, true)
+	m.shutdowns = shutdowns
+	if err != nil {
+		return nil, err
+	}
+	for i, mgr := range managers {
+		m.wg.Go(func() {
+			if err := mgr.Start(runCtx); err != nil {
+				log.Error(err, "controller manager stopped", "manager", names[i])
+			}
+		})
+	}
+	return m, waitForCaches(ctx, managers, names)
 }
 
 // Stop stops the management cluster. It is safe to call more than once.
 func (m *Management) Stop() error {
+	if m.cancel != nil {
+		m.cancel()
+		m.wg.Wait()
+		m.cancel = nil
+	}
+	for _, shutdown := range m.shutdowns {
+		shutdown()
+	}
+	m.shutdowns = nil
 	var err error
 	if m.env != nil {
 		err = m.env.Stop()
@@ -103,4 +141,22 @@ func managementEnvironment(apiServerBin, etcdBin, assetsDir string) (*envtest.En
 		ControlPlaneStartTimeout: time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}, nil
+}
+
+// forgetCluster deletes the simulator's Cluster from the shared management
+// cluster and waits (briefly) until it is gone, so that the shared
+// ClusterCaches disconnect from its workload cluster.
+func (s *Sim) forgetCluster() {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: s.opts.ClusterName}}
+	if err := s.mgmt.Delete(ctx, cluster); err != nil {
+		return
+	}
+	for ctx.Err() == nil {
+		if err := s.mgmt.Get(ctx, client.ObjectKeyFromObject(cluster), cluster); apierrors.IsNotFound(err) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -111,8 +111,10 @@ func (s *Sim) newProviderManager() (ctrl.Manager, error) {
 	}
 
 	var cacheOpts ctrlcache.Options
-	if ns := s.watchNamespace(); ns != "" {
-		cacheOpts.DefaultNamespaces = map[string]ctrlcache.Config{ns: {}}
+	if s.opts.Management != nil {
+		// Each simulator on a shared management cluster provides its own
+		// namespace's machines.
+		cacheOpts.DefaultNamespaces = map[string]ctrlcache.Config{s.opts.Namespace: {}}
 	}
 	mgr, err := ctrl.NewManager(s.mgmtConfig, s.managerOptions("simulated-provider", cacheOpts, client.Options{}))
 	if err != nil {

@@ -66,10 +66,11 @@ type Options struct {
 	AuditLog string
 
 	// Management is a management cluster shared with other simulators
-	// (StartManagement); nil starts one of the simulator's own. On a shared
-	// one every simulator needs a Namespace of its own, and its controllers
-	// watch that namespace alone. AuditLog and RestartManagementAPIServer
-	// need a management cluster of the simulator's own.
+	// (StartManagement), whose Cluster API controllers serve every cluster
+	// on it; nil starts one of the simulator's own, with its own
+	// controllers. On a shared one every simulator needs a Namespace of its
+	// own; WithoutKCP, AuditLog and RestartManagementAPIServer need a
+	// management cluster of the simulator's own.
 	Management *Management
 
 	// AssetsDir holds kube-apiserver and etcd; default AssetsDir().
@@ -110,6 +111,8 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("failure domains must be 0 (none) or more, got %d", o.FailureDomains)
 	case o.Management != nil && o.AuditLog != "":
 		return errors.New("an audit log needs a management cluster of the simulator's own")
+	case o.Management != nil && o.WithoutKCP:
+		return errors.New("leaving the KCP controller out needs a management cluster of the simulator's own")
 	}
 	if o.AssetsDir == "" {
 		dir, err := AssetsDir()
@@ -324,6 +327,12 @@ func (s *Sim) Stop() error {
 		}
 		if s.provider != nil {
 			s.provider.stopAll()
+		}
+		if s.opts.Management != nil && s.mgmt != nil {
+			// The shared controllers' ClusterCaches watch the workload
+			// cluster until its Cluster is gone, and its API server would
+			// wait for those watches before it stops.
+			s.forgetCluster()
 		}
 		if err := s.stopRestarted(); err != nil {
 			errs = append(errs, err)

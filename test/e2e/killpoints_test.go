@@ -16,6 +16,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -70,11 +71,15 @@ func openGate(t *testing.T, e *env, op admissionregistrationv1.OperationType, ma
 		_ = json.NewEncoder(w).Encode(review)
 	}))
 	caBundle := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	// The management cluster is shared: the gate holds this simulator's
+	// Machines alone.
+	ns := e.Sim.ClusterKey().Namespace
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "e2e-gate"},
+		ObjectMeta: metav1.ObjectMeta{Name: "e2e-gate-" + ns},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:         "gate.e2e.cp-rollout.io",
-			ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: ptr.To(srv.URL), CABundle: caBundle},
+			Name:              "gate.e2e.cp-rollout.io",
+			ClientConfig:      admissionregistrationv1.WebhookClientConfig{URL: ptr.To(srv.URL), CABundle: caBundle},
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: ns}},
 			// UPDATE always, so that a dry-run patch can show the gate is in place.
 			Rules: []admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{op, admissionregistrationv1.Update},

@@ -159,7 +159,7 @@ func management() (*sim.Management, error) {
 	if shared.m == nil && shared.err == nil {
 		release := takeStartSlot()
 		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-		shared.m, shared.err = sim.StartManagement(ctx, "")
+		shared.m, shared.err = sim.StartManagement(ctx, "", Logger())
 		cancel()
 		release()
 		if shared.err != nil {
