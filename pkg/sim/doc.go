@@ -14,6 +14,12 @@
 //     loopback address, reachable through the workload API server's
 //     pods/portforward via a kubelet stand-in (package kubelet).
 //
+// Several simulators can share one management cluster (StartManagement,
+// Options.Management), as one management cluster hosts many clusters: its
+// Cluster API controllers serve them all, and each simulator keeps its
+// Cluster in a namespace of its own with its own provider, workload cluster,
+// members and nodes.
+//
 // The simulated part is provider.go: an infrastructure and bootstrap provider
 // that, after Options.ProvisionDelay and within Options.Capacity, gives an
 // InfraMachine its host (Node, mirror static pods, kubelet stand-in, etcd
