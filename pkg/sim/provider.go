@@ -395,7 +395,18 @@ func (p *provider) provision(ctx context.Context, im *unstructured.Unstructured,
 	now := metav1.Now()
 	node.Status = corev1.NodeStatus{
 		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.IP}},
+		// What a healthy kubelet reports; the Machine controller's NodeHealthy
+		// condition (and so the Machine's Ready) waits for all four.
 		Conditions: []corev1.NodeCondition{{
+			Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientMemory",
+			Message: "kubelet has sufficient memory available", LastHeartbeatTime: now, LastTransitionTime: now,
+		}, {
+			Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasNoDiskPressure",
+			Message: "kubelet has no disk pressure", LastHeartbeatTime: now, LastTransitionTime: now,
+		}, {
+			Type: corev1.NodePIDPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientPID",
+			Message: "kubelet has sufficient PID available", LastHeartbeatTime: now, LastTransitionTime: now,
+		}, {
 			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
 			Message: "simulated kubelet is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now,
 		}},
