@@ -47,6 +47,9 @@ type Config struct {
 	Backoff time.Duration
 	// Logger receives the etcd client library's logs; nil discards them.
 	Logger *zap.Logger
+	// DialOptions are added to every member connection's (a request
+	// counter's interceptors, say).
+	DialOptions []grpc.DialOption
 }
 
 // Client speaks to the etcd members of one workload cluster. Every operation takes the
@@ -150,7 +153,7 @@ func (c *Client) conn(node Node) (*memberConn, error) {
 		Endpoints: []string{mc.endpoint},
 		TLS:       tlsConfig,
 		Logger:    c.cfg.Logger.With(zap.String("node", node.Name)),
-		DialOptions: []grpc.DialOption{
+		DialOptions: append([]grpc.DialOption{
 			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 				ctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 				defer cancel()
@@ -160,7 +163,7 @@ func (c *Client) conn(node Node) (*memberConn, error) {
 				}
 				return &observedConn{Conn: conn, mc: mc}, nil
 			}),
-		},
+		}, c.cfg.DialOptions...),
 	})
 	if err != nil {
 		return nil, &MemberError{Node: node.Name, Target: target, Op: "connect", Err: err}

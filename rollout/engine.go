@@ -110,6 +110,8 @@ type Engine struct {
 	// Lock, when set, is the run's Lease: every step first checks it is held.
 	Lock     Lock
 	Timeouts Timeouts
+	// Requests, when set, counts the run's round trips for its summary.
+	Requests func() progress.Requests
 
 	steps stepLog
 	// seenHealthy names the machines this engine has read healthy.

@@ -97,8 +97,13 @@ func (e *Engine) summarize() {
 		return
 	}
 	key := e.ControlPlane.Key()
-	e.Reporter.Summary(progress.Event{Time: time.Now(), Cluster: key.Name, Namespace: key.Namespace,
-		Step: e.steps.machine, Total: max(e.steps.total, e.steps.machine), ElapsedMs: time.Since(e.steps.began).Milliseconds()}, e.steps.times)
+	run := progress.Event{Time: time.Now(), Cluster: key.Name, Namespace: key.Namespace,
+		Step: e.steps.machine, Total: max(e.steps.total, e.steps.machine), ElapsedMs: time.Since(e.steps.began).Milliseconds()}
+	if e.Requests != nil {
+		r := e.Requests()
+		run.Requests = &r
+	}
+	e.Reporter.Summary(run, e.steps.times)
 }
 
 // report sends one event; progress that concerns no step (a read that fails

@@ -23,6 +23,7 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/requests"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
@@ -160,6 +161,8 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 	// A snapshot is a dozen reads; client-go's default of 5 requests a second
 	// would make every step wait on the client-side limiter.
 	cfg.QPS, cfg.Burst = 50, 100
+	var counted struct{ management, workload, etcd requests.Counter }
+	cfg.Wrap(counted.management.Wrap)
 	mgmt, err := client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
 	if err != nil {
 		return nil, nil, fmt.Errorf("management cluster: %w", err)
@@ -191,11 +194,14 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 		}
 	}
 
-	wl, err := workload.New(ctx, mgmt, c.Namespace, c.Cluster)
+	wl, err := workload.New(ctx, mgmt, c.Namespace, c.Cluster, counted.workload.Wrap)
 	if err != nil {
 		return nil, nil, exitcode.New(exitcode.Unsafe, err)
 	}
-	engine := &rollout.Engine{ControlPlane: cp, Workload: wl, Reporter: use.reporter, Timeouts: use.timeouts}
+	engine := &rollout.Engine{ControlPlane: cp, Workload: wl, Reporter: use.reporter, Timeouts: use.timeouts,
+		Requests: func() progress.Requests {
+			return progress.Requests{Management: counted.management.Load(), Workload: counted.workload.Load(), Etcd: counted.etcd.Load()}
+		}}
 	closers := []func(){}
 	cleanup := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -219,7 +225,7 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 		if err != nil {
 			return nil, nil, err
 		}
-		ec, err := etcd.New(etcd.Config{Dialer: dialer, Credentials: creds})
+		ec, err := etcd.New(etcd.Config{Dialer: dialer, Credentials: creds, DialOptions: counted.etcd.DialOptions()})
 		if err != nil {
 			return nil, nil, err
 		}

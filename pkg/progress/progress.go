@@ -42,6 +42,16 @@ type Event struct {
 	Message string `json:"message"`
 	// ElapsedMs is the time since the action started.
 	ElapsedMs int64 `json:"elapsedMs"`
+	// Requests, on the summary alone, counts the run's round trips.
+	Requests *Requests `json:"requests,omitempty"`
+}
+
+// Requests counts a run's round trips: HTTP requests to the management and
+// the workload API servers, and etcd RPCs.
+type Requests struct {
+	Management int64 `json:"management"`
+	Workload   int64 `json:"workload"`
+	Etcd       int64 `json:"etcd"`
 }
 
 // StepTime is one line of the closing summary.
@@ -137,6 +147,10 @@ func summaryLines(run Event, steps []StepTime) []string {
 			what += " " + s.Machine
 		}
 		lines = append(lines, fmt.Sprintf("  %-50s %s", what, s.Duration.Round(100*time.Millisecond)))
+	}
+	if r := run.Requests; r != nil {
+		lines = append(lines, fmt.Sprintf("requests: %d to the management API server, %d to the workload API server, %d to etcd",
+			r.Management, r.Workload, r.Etcd))
 	}
 	return lines
 }

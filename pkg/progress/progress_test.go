@@ -13,7 +13,8 @@ func TestJSONEventsCarryTheDocumentedFields(t *testing.T) {
 	r := New("json", &out, &errOut)
 	at := time.Date(2026, 11, 30, 1, 2, 3, 0, time.UTC)
 	r.Report(Event{Time: at, Cluster: "demo", Namespace: "default", Step: 2, Total: 3, Action: "create", Machine: "cp-x2k9", Phase: Started, Message: "why", ElapsedMs: 5})
-	r.Summary(Event{Time: at, Cluster: "demo", Namespace: "default", ElapsedMs: 61000}, []StepTime{{Action: "create", Machine: "cp-x2k9", Duration: 1500 * time.Millisecond}})
+	r.Summary(Event{Time: at, Cluster: "demo", Namespace: "default", ElapsedMs: 61000, Requests: &Requests{Management: 7, Workload: 5, Etcd: 3}},
+		[]StepTime{{Action: "create", Machine: "cp-x2k9", Duration: 1500 * time.Millisecond}})
 	if errOut.Len() != 0 {
 		t.Fatalf("JSON mode wrote to stderr: %q", errOut.String())
 	}
@@ -32,7 +33,8 @@ func TestJSONEventsCarryTheDocumentedFields(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(lines[1], `"action":"summary"`) || !strings.Contains(lines[1], `"durationMs":1500`) {
+	if !strings.Contains(lines[1], `"action":"summary"`) || !strings.Contains(lines[1], `"durationMs":1500`) ||
+		!strings.Contains(lines[1], `"requests":{"management":7,"workload":5,"etcd":3}`) {
 		t.Errorf("summary: %s", lines[1])
 	}
 }

@@ -88,7 +88,10 @@ func StartManagement(ctx context.Context, assetsDir string, log logr.Logger) (_ 
 			}
 		})
 	}
-	return m, waitForCaches(ctx, managers, names)
+	if err := waitForCaches(ctx, managers, names); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // Stop stops the management cluster. It is safe to call more than once.

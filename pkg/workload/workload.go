@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/transport"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/cluster-api/controllers/remote"
@@ -39,10 +40,13 @@ type Client struct {
 
 // New connects to the workload cluster of namespace/cluster through its
 // kubeconfig Secret on the management cluster.
-func New(ctx context.Context, mgmt client.Reader, namespace, cluster string) (*Client, error) {
+func New(ctx context.Context, mgmt client.Reader, namespace, cluster string, wrap ...transport.WrapperFunc) (*Client, error) {
 	cfg, err := remote.RESTConfig(ctx, "cp-rollout", mgmt, client.ObjectKey{Namespace: namespace, Name: cluster})
 	if err != nil {
 		return nil, fmt.Errorf("workload cluster %s/%s: reading its kubeconfig Secret: %w", namespace, cluster, err)
+	}
+	for _, w := range wrap {
+		cfg.Wrap(w)
 	}
 	// A rollout reads a handful of objects per step; client-go's default of 5
 	// requests a second would make every snapshot wait on the limiter.

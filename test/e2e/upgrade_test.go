@@ -46,6 +46,13 @@ func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 	if last, handback := evs[len(evs)-1], evs[len(evs)-2]; last["action"] != "summary" || handback["action"] != "handback" || handback["phase"] != "done" {
 		t.Errorf("last events %v, %v; want the hand-back done, then the summary", handback, last)
 	}
+	// It counts the run's round trips to each cluster and to etcd.
+	if req, _ := evs[len(evs)-1]["requests"].(map[string]any); req == nil ||
+		req["management"].(float64) < 1 || req["workload"].(float64) < 1 || req["etcd"].(float64) < 1 {
+		t.Errorf("summary requests %v: want round trips counted to the management and workload API servers and to etcd", evs[len(evs)-1]["requests"])
+	} else {
+		t.Logf("requests: %v", req)
+	}
 	assertConverged(t, e, 3, to)
 	assertOnePerDomain(t, e)
 	assertKCPIdle(t, e)

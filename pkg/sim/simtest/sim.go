@@ -104,10 +104,10 @@ func teardown() {
 // Start starts a simulator for the test, on a loopback /24 of its own unless
 // opts names one, waits until its control plane is ready, and stops it when
 // the test ends. Its Cluster lives in a namespace of its own on the test
-// binary's shared management cluster (see management), unless the test needs
-// one of its own: an audit log, no KCP controller (the provider Deployments
-// say so). Missing binaries fail the test: a skipped simulator proves
-// nothing.
+// binary's shared management cluster (see management), whose controllers
+// serve every simulator on it, unless the test needs one of its own: for an
+// audit log of its own, or to run without the KCP controller. Missing
+// binaries fail the test: a skipped simulator proves nothing.
 func Start(t testing.TB, opts sim.Options) *Env {
 	t.Helper()
 	return startFor(t, opts, opts.AuditLog == "" && !opts.WithoutKCP)
