@@ -38,10 +38,6 @@ const (
 // webhook servers). Controller name validation is off because the two
 // managers each register a "clustercache" controller in one process, as two
 // separate binaries would.
-func (s *Sim) managerOptions(name string, cacheOpts ctrlcache.Options, clientOpts client.Options) ctrl.Options {
-	return managerOptions(s.opts.Log, name, cacheOpts, clientOpts)
-}
-
 func managerOptions(log logr.Logger, name string, cacheOpts ctrlcache.Options, clientOpts client.Options) ctrl.Options {
 	return ctrl.Options{
 		Scheme: Scheme(),

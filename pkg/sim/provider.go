@@ -116,7 +116,7 @@ func (s *Sim) newProviderManager() (ctrl.Manager, error) {
 		// namespace's machines.
 		cacheOpts.DefaultNamespaces = map[string]ctrlcache.Config{s.opts.Namespace: {}}
 	}
-	mgr, err := ctrl.NewManager(s.mgmtConfig, s.managerOptions("simulated-provider", cacheOpts, client.Options{}))
+	mgr, err := ctrl.NewManager(s.mgmtConfig, managerOptions(s.opts.Log, "simulated-provider", cacheOpts, client.Options{}))
 	if err != nil {
 		return nil, err
 	}
