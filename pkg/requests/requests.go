@@ -35,6 +35,12 @@ func (t roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 	return t.next.RoundTrip(r)
 }
 
+// WrappedRoundTripper lets client-go see through the counter (it is an
+// apimachinery net.RoundTripperWrapper): client-go cancels a request by
+// walking its chain of round trippers, and logs "unable to cancel request"
+// on the user's terminal at every one it cannot see through.
+func (t roundTripper) WrappedRoundTripper() http.RoundTripper { return t.next }
+
 // DialOptions count every RPC of a gRPC connection, unary or streaming.
 func (c *Counter) DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
