@@ -19,7 +19,9 @@
 //   - a learner does not serve MemberList, so members are listed through voting members;
 //   - MoveLeader is only accepted by the current leader, and its target must be a voting member;
 //   - MemberRemove must go through a member other than the one removed, and the last member
-//     is never removed;
+//     is never removed; a member refuses membership changes until it has been connected to
+//     its peers for five seconds, so a change goes to a member that was there before the
+//     latest join, not to the newcomer;
 //   - quorum is counted over voting members only.
 //
 // External etcd (clusterConfiguration.etcd.external) is not the control plane's to manage:

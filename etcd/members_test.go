@@ -1,11 +1,16 @@
 package etcd_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
@@ -133,6 +138,61 @@ func TestRemoveMemberGoneFromEveryList(t *testing.T) {
 	// Resuming after an interruption removes nothing twice and fails on nothing.
 	if err := c.RemoveMember(ctx, tc.nodes, victim.ID); err != nil {
 		t.Fatalf("removing again: %v", err)
+	}
+}
+
+// TestRemoveMemberRightAfterAJoin: a member that has just joined refuses membership
+// changes for five seconds (etcd's strict reconfiguration check counts only peers it has
+// been connected to that long), while the members that were there before accept them.
+// A removal listed through the newcomer — the rollout's order, newest node first — goes to
+// another member instead of waiting out the newcomer's five seconds.
+func TestRemoveMemberRightAfterAJoin(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	tc := newTestCluster(t, 3, strictReconfig)
+	tc.start("node-d", strictReconfig)
+	newcomer := tc.node("node-d")
+	nodes := append([]etcd.Node{newcomer}, tc.nodes[:3]...)
+
+	var mu sync.Mutex
+	removals := map[string]int{} // MemberRemove calls by the node they went to
+	c := tc.client(func(cfg *etcd.Config) {
+		cfg.DialOptions = []grpc.DialOption{grpc.WithChainUnaryInterceptor(
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if strings.HasSuffix(method, "/MemberRemove") {
+					mu.Lock()
+					removals[cc.Target()[strings.LastIndex(cc.Target(), "etcd-")+len("etcd-"):]]++
+					mu.Unlock()
+				}
+				return invoker(ctx, method, req, reply, cc, opts...)
+			})}
+	})
+	members := mustMembers(t, ctx, c, nodes)
+	leader, _ := etcd.Leader(members)
+	victim := etcd.LeaderCandidates(members, leader.ID)[0]
+	if victim.Name == newcomer.Name {
+		victim = etcd.LeaderCandidates(members, leader.ID)[1]
+	}
+
+	// The newcomer refuses, as on every replacement's join.
+	_, err := tc.raw(tc.members[newcomer.Name].ClientURL()).MemberRemove(ctx, victim.ID)
+	if err == nil {
+		t.Skipf("%s accepted a membership change already: its start took five seconds on this machine, and nothing is left to route around", newcomer.Name)
+	}
+	if !errors.Is(err, rpctypes.ErrUnhealthy) {
+		t.Fatalf("the newcomer answered the removal with %v, want etcd's strict reconfiguration refusal", err)
+	}
+
+	if err := c.RemoveMember(ctx, nodes, victim.ID); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if removals[newcomer.Name] > 1 {
+		t.Errorf("the removal waited on the newcomer, which refuses for five seconds: MemberRemove calls by node %v", removals)
+	}
+	if _, still := etcd.MemberByID(mustMembers(t, ctx, c, nodes), victim.ID); still {
+		t.Errorf("%s is still a member", victim)
 	}
 }
 

@@ -125,12 +125,20 @@ func (c *Client) awaitLeader(ctx context.Context, nodes []Node, target Member) e
 	}
 }
 
-// RemoveMember removes member id from the cluster. It lists the members afresh, through
-// members other than the one removed, and refuses to remove the last member, the leader
-// (move leadership first) or a member whose removal the quorum projection rejects (a
-// *QuorumError). A member that is already gone is not an error, so a rollout can resume.
+// RemoveMember removes member id from the cluster. It lists the members afresh and refuses
+// to remove the last member, the leader (move leadership first) or a member whose removal
+// the quorum projection rejects (a *QuorumError). A member that is already gone is not an
+// error, so a rollout can resume.
+//
+// The request goes to a healthy voting member other than the one removed, in the order of
+// nodes. etcd judges a membership change on the member that receives it, counting only the
+// peers it has been connected to for five seconds (HealthInterval; mayRemoveMember in
+// etcd's server.go), so a member that has just joined — every replacement — refuses it
+// ("unhealthy cluster") while the members that were there before accept it. That refusal,
+// or any other transient failure, moves on to the next member at once; only when every
+// member has refused does the call wait, polling, for the refusal to lift.
 func (c *Client) RemoveMember(ctx context.Context, nodes []Node, id uint64) error {
-	members, via, err := c.members(ctx, nodes)
+	members, _, err := c.members(ctx, nodes)
 	if err != nil {
 		return err
 	}
@@ -150,29 +158,53 @@ func (c *Client) RemoveMember(ctx context.Context, nodes []Node, id uint64) erro
 	if target.Leader {
 		return describe(ErrIsLeader)
 	}
-	// The member that listed may be the one removed; go through a healthy voter instead.
-	if via.node.Name == target.Node {
-		via = nil
-		for _, m := range members {
-			if m.ID != id && m.Voting() && m.Healthy && m.Node != "" {
-				if via, err = c.conn(nodeNamed(nodes, m.Node)); err == nil {
-					break
-				}
-			}
-		}
-		if via == nil {
-			return describe(ErrNoOtherMember)
+	var through []Node
+	for _, n := range nodes {
+		if m, ok := memberOn(members, n.Name); ok && m.ID != id && m.Voting() && m.Healthy {
+			through = append(through, n)
 		}
 	}
-	return via.call(ctx, "remove member "+target.String(), func(ctx context.Context) error {
-		_, err := via.api.MemberRemove(ctx, id)
-		if errors.Is(err, rpctypes.ErrMemberNotFound) {
-			// An earlier attempt got through before its answer was lost, or someone else
-			// removed it meanwhile: either way it is gone.
-			return nil
+	if len(through) == 0 {
+		return describe(ErrNoOtherMember)
+	}
+	what := "remove member " + target.String()
+	var last *memberConn
+	return retry(ctx, &c.cfg, func(ctx context.Context) error {
+		var err error
+		for _, n := range through {
+			if last, err = c.conn(n); err != nil {
+				return err
+			}
+			err = last.attempt(ctx, func(ctx context.Context) error {
+				_, err := last.api.MemberRemove(ctx, id)
+				return err
+			})
+			if err == nil || errors.Is(err, rpctypes.ErrMemberNotFound) {
+				// ErrMemberNotFound: an earlier attempt got through before its answer was
+				// lost, or someone else removed it meanwhile; either way it is gone.
+				return nil
+			}
+			if !transient(ctx, err) {
+				return err
+			}
 		}
-		return err
+		return err // each member refused or failed for now: retry waits, then tries them again
+	}, func(err error) error {
+		if last == nil {
+			return err
+		}
+		return last.fail(what, err)
 	})
+}
+
+// memberOn is the started member on node name.
+func memberOn(members []Member, name string) (Member, bool) {
+	for _, m := range members {
+		if m.Node == name {
+			return m, true
+		}
+	}
+	return Member{}, false
 }
 
 func nodeNamed(nodes []Node, name string) Node {
