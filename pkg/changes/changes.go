@@ -1,6 +1,6 @@
 // Package changes answers "has anything the rollout loop waits on changed?":
-// control-plane Machines on the management cluster, Nodes and kube-system Pods
-// on the workload cluster. The loop only learns when to read again from it;
+// control-plane Machines on the management cluster, control-plane Nodes and
+// their static Pods on the workload cluster. The loop only learns when to read again from it;
 // every decision is made on a fresh live read, never on what the watches saw.
 package changes
 
@@ -18,10 +18,13 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	wl "github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
 // Signal is a level signal: it fires (coalesced) whenever a control-plane
-// Machine of the cluster, a workload Node or a kube-system Pod changes.
+// Machine of the cluster, a control-plane Node or a static control-plane Pod
+// changes.
 // Informers are used for their reconnects: a restarted API server is
 // re-listed and re-watched.
 type Signal struct {
@@ -61,8 +64,15 @@ func Watch(ctx context.Context, mgmt *rest.Config, namespace, cluster string, wo
 		o.LabelSelector = clusterv1.ClusterNameLabel + "=" + cluster + "," + clusterv1.MachineControlPlaneLabel
 	}).ForResource(machinesResource).Informer()
 
-	nodes := informers.NewSharedInformerFactory(workload, 0).Core().V1().Nodes().Informer()
-	pods := informers.NewSharedInformerFactoryWithOptions(workload, 0, informers.WithNamespace(metav1.NamespaceSystem)).
+	// Only the control plane's nodes and static pods, selected as the
+	// snapshot reads them: on a large cluster the other nodes and the
+	// kube-system pods of every node change all the time, and each change
+	// would cost a read.
+	nodes := informers.NewSharedInformerFactoryWithOptions(workload, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.LabelSelector = wl.ControlPlaneNodeLabel
+	})).Core().V1().Nodes().Informer()
+	pods := informers.NewSharedInformerFactoryWithOptions(workload, 0, informers.WithNamespace(metav1.NamespaceSystem),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = wl.StaticPodSelector })).
 		Core().V1().Pods().Informer()
 
 	for _, inf := range []cache.SharedIndexInformer{machines, nodes, pods} {
@@ -86,7 +96,18 @@ func (ch *Signal) Wait(ctx context.Context, max time.Duration) {
 	}
 	select {
 	case <-ctx.Done():
-	case <-c:
 	case <-t.C:
+	case <-c:
+		// One step of a controller shows as a burst of changes (a Machine's
+		// status, its Node, its pods): let the burst pass, and read once.
+		settle := time.NewTimer(burst)
+		defer settle.Stop()
+		select {
+		case <-ctx.Done():
+		case <-settle.C:
+		}
 	}
 }
+
+// burst is how long a change waits for the ones that come with it.
+const burst = 30 * time.Millisecond

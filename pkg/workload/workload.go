@@ -12,9 +12,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/transport"
@@ -72,7 +70,7 @@ type Node struct {
 func (n Node) Problem(components []string) string {
 	switch {
 	case !n.Found:
-		return fmt.Sprintf("node %s not found", n.Name)
+		return fmt.Sprintf("node %s not found among the control-plane nodes (label %s)", n.Name, ControlPlaneNodeLabel)
 	case !n.Ready:
 		return fmt.Sprintf("node %s not Ready", n.Name)
 	}
@@ -105,19 +103,37 @@ func (c *Client) NodeByProviderID(ctx context.Context, providerID string) (strin
 	return found[0], nil
 }
 
-// Nodes reads each named node and its static pods. A node or pod that does not
-// exist is reported as such, not as an error: it is a state to wait on.
+// ControlPlaneNodeLabel marks a control-plane node: kubeadm sets it when a
+// control-plane node joins, and KCP finds the control plane's nodes by it.
+const ControlPlaneNodeLabel = "node-role.kubernetes.io/control-plane"
+
+// StaticPodSelector selects kubeadm's static control-plane pods.
+const StaticPodSelector = "tier=control-plane"
+
+// Nodes reads each named node and its static pods: one list of the
+// control-plane nodes and one of kube-system's control-plane pods, whatever
+// the number of machines (a snapshot is read before every step, and on a
+// large cluster the other nodes and kube-system pods are many). A node that is
+// not among the control-plane nodes, or a pod that does not exist, is reported
+// as such, not as an error: it is a state to wait on.
 func (c *Client) Nodes(ctx context.Context, names []string, components []string) (map[string]Node, error) {
+	nodes, err := c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: ControlPlaneNodeLabel})
+	if err != nil {
+		return nil, fmt.Errorf("workload cluster %s: listing control-plane nodes: %w", c.Name, err)
+	}
+	pods, err := c.Kube.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: StaticPodSelector})
+	if err != nil {
+		return nil, fmt.Errorf("workload cluster %s: listing static control-plane pods: %w", c.Name, err)
+	}
 	out := make(map[string]Node, len(names))
 	for _, name := range names {
-		n := Node{Name: name, Pods: map[string]bool{}}
-		node, err := c.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			out[name] = n
+		out[name] = Node{Name: name, Pods: map[string]bool{}}
+	}
+	for i := range nodes.Items {
+		node := &nodes.Items[i]
+		n, ok := out[node.Name]
+		if !ok {
 			continue
-		case err != nil:
-			return nil, fmt.Errorf("workload cluster %s: reading node %s: %w", c.Name, name, err)
 		}
 		n.Found = true
 		n.Ready = nodeReady(node)
@@ -127,23 +143,20 @@ func (c *Client) Nodes(ctx context.Context, names []string, components []string)
 				break
 			}
 		}
-		// One list per node rather than a get per pod: a snapshot is read before
-		// every step, and client-side rate limits make request counts visible.
-		pods, err := c.Kube.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{
-			FieldSelector: fields.OneTermEqualSelector("spec.nodeName", name).String(),
-		})
-		if err != nil {
-			return nil, fmt.Errorf("workload cluster %s: listing static pods of node %s: %w", c.Name, name, err)
-		}
 		for _, comp := range components {
 			n.Pods[comp] = false
 		}
-		for i := range pods.Items {
-			if comp, ok := strings.CutSuffix(pods.Items[i].Name, "-"+name); ok && slices.Contains(components, comp) {
-				n.Pods[comp] = podReady(&pods.Items[i])
-			}
+		out[node.Name] = n
+	}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		n, ok := out[pod.Spec.NodeName]
+		if !ok || !n.Found {
+			continue
 		}
-		out[name] = n
+		if comp, ok := strings.CutSuffix(pod.Name, "-"+n.Name); ok && slices.Contains(components, comp) {
+			n.Pods[comp] = podReady(pod)
+		}
 	}
 	return out, nil
 }

@@ -1,0 +1,111 @@
+package workload
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
+)
+
+// TestNodesReadsTheControlPlaneByLabel: nodes and static pods are found as KCP
+// finds them, by kubeadm's labels, on a real API server: a node without the
+// control-plane label is not one of the control plane's, a pod without
+// tier=control-plane is not its static pod, and what is found reports its own
+// readiness and address.
+func TestNodesReadsTheControlPlaneByLabel(t *testing.T) {
+	assets, err := member.AssetsDir("kube-apiserver", "etcd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &envtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: time.Minute}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	node := func(name string, controlPlane, ready bool, ip string) {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{}}}
+		if controlPlane {
+			n.Labels[ControlPlaneNodeLabel] = ""
+		}
+		n, err := kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		status := corev1.ConditionFalse
+		if ready {
+			status = corev1.ConditionTrue
+		}
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status}}
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: name}, {Type: corev1.NodeInternalIP, Address: ip}}
+		if _, err := kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pod := func(component, nodeName string, static, ready bool) {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceSystem, Name: component + "-" + nodeName,
+				Labels: map[string]string{"component": component}},
+			Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: component, Image: component}}},
+		}
+		if static {
+			p.Labels["tier"] = "control-plane"
+		}
+		p, err := kube.CoreV1().Pods(metav1.NamespaceSystem).Create(ctx, p, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		status := corev1.ConditionFalse
+		if ready {
+			status = corev1.ConditionTrue
+		}
+		p.Status.Phase = corev1.PodRunning
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}
+		if _, err := kube.CoreV1().Pods(metav1.NamespaceSystem).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	node("cp-1", true, true, "10.0.0.1")
+	node("cp-2", true, false, "10.0.0.2")
+	node("unlabelled", false, true, "10.0.0.3")
+	node("worker", false, true, "10.0.0.4")
+	pod("kube-apiserver", "cp-1", true, true)
+	pod("etcd", "cp-1", true, false)
+	pod("kube-scheduler", "cp-1", false, true) // not kubeadm's: no tier label
+	pod("kube-apiserver", "unlabelled", true, true)
+
+	c := &Client{Config: cfg, Kube: kube, Name: "default/demo"}
+	components := []string{"etcd", "kube-apiserver", "kube-scheduler"}
+	got, err := c.Nodes(ctx, []string{"cp-1", "cp-2", "unlabelled", "gone"}, components)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 4 {
+		t.Fatalf("read %d nodes, want the 4 asked for: %v", len(got), got)
+	}
+	if n := got["cp-1"]; !n.Found || !n.Ready || n.InternalIP != "10.0.0.1" ||
+		!n.Pods["kube-apiserver"] || n.Pods["etcd"] || n.Pods["kube-scheduler"] {
+		t.Errorf("cp-1 read as %+v; want found, Ready, 10.0.0.1, kube-apiserver Ready, etcd not Ready, kube-scheduler missing", n)
+	}
+	if n := got["cp-1"]; n.Problem(components) != "static pod etcd-cp-1 not Ready" {
+		t.Errorf("cp-1's problem: %q", n.Problem(components))
+	}
+	if n := got["cp-2"]; !n.Found || n.Ready || n.Problem(components) != "node cp-2 not Ready" {
+		t.Errorf("cp-2 read as %+v, problem %q", n, n.Problem(components))
+	}
+	for _, name := range []string{"unlabelled", "gone"} {
+		if n := got[name]; n.Found || n.Name != name {
+			t.Errorf("%s read as %+v; want not found among the control-plane nodes", name, n)
+		}
+	}
+}
