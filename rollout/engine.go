@@ -119,6 +119,9 @@ type Engine struct {
 	// leaderRetries counts how often the member being removed won leadership
 	// back (see serveCleanupHook).
 	leaderRetries int
+	// handed is the live snapshot a wait ended on, for the loop's next turn
+	// (takeOrRead); only await sets it.
+	handed *Snapshot
 }
 
 // Read takes one live snapshot: management cluster first, then the workload

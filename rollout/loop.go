@@ -20,7 +20,7 @@ import (
 // for the one step the guards allow, and does it or waits for it.
 func (e *Engine) Converge(ctx context.Context, t Target) error {
 	for {
-		s, err := e.read(ctx)
+		s, err := e.takeOrRead(ctx)
 		if err != nil {
 			return err
 		}
@@ -47,6 +47,17 @@ func (e *Engine) Converge(ctx context.Context, t Target) error {
 			return err
 		}
 	}
+}
+
+// takeOrRead is the snapshot a wait has just ended on, or else a fresh read.
+// A wait ends when a live read shows something else to do; reading again
+// before doing it would only add a round trip to every reaction.
+func (e *Engine) takeOrRead(ctx context.Context) (*Snapshot, error) {
+	if s := e.handed; s != nil {
+		e.handed = nil
+		return s, nil
+	}
+	return e.read(ctx)
 }
 
 // read takes a live snapshot and checks that the control plane is still in
@@ -153,6 +164,7 @@ func (e *Engine) awaitHealthy(ctx context.Context, t Target, next Step) (err err
 
 // settle pauses after a machine joined, before the next step.
 func (e *Engine) settle(ctx context.Context) (err error) {
+	e.handed = nil // it will be stale by the end of the pause
 	st := e.begin("settle", "", "waiting "+e.Timeouts.Settle.String())
 	defer st.end(&err)
 	return sleep(ctx, e.Timeouts.Settle)

@@ -46,6 +46,8 @@ type scripted struct {
 	mu    sync.Mutex
 	world *Snapshot
 	calls []string
+	// trace is calls with every read and wait in between.
+	trace []string
 
 	// stuck names a machine and the stage it never leaves: "provision",
 	// "health" or "delete".
@@ -76,6 +78,7 @@ func newScripted(w *Snapshot) *scripted {
 
 func (f *scripted) record(format string, args ...any) {
 	f.calls = append(f.calls, fmt.Sprintf(format, args...))
+	f.trace = append(f.trace, f.calls[len(f.calls)-1])
 }
 
 func (f *scripted) sample() {
@@ -108,6 +111,7 @@ func (f *scripted) Read(context.Context) (*kcpstate.ControlPlane, error) {
 		f.readErrs--
 		return nil, errors.New("dial tcp 127.0.0.1:6443: connect: connection refused")
 	}
+	f.trace = append(f.trace, "read")
 	return f.world.clone().CP, nil
 }
 
@@ -236,6 +240,7 @@ func (f *scripted) RemoveMember(_ context.Context, _ []etcd.Node, id uint64) err
 // with millisecond limits expire without spinning.
 func (f *scripted) Wait(ctx context.Context, _ time.Duration) {
 	f.mu.Lock()
+	f.trace = append(f.trace, "wait")
 	f.waits++
 	f.advance()
 	if f.onWait != nil {
@@ -405,6 +410,26 @@ func TestConvergeReplacesOneMachineAtATime(t *testing.T) {
 	}
 	if wall := e.steps.last.Sub(e.steps.began); sum != wall {
 		t.Fatalf("summary adds up to %s, the steps took %s", sum, wall)
+	}
+}
+
+// TestConvergeActsOnTheReadThatEndedAWait: a wait ends on a live read that
+// shows the next step; the loop takes that step on it, without reading the
+// clusters a second time in between (a round trip added to every reaction).
+func TestConvergeActsOnTheReadThatEndedAWait(t *testing.T) {
+	old := machineSpec{outdated: true}
+	f := newScripted(world(machineSpec{outdated: true, leader: true}, old, old))
+	e, _ := engineFor(f, fast)
+	if err := converge(t, e, surge1); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(f.trace); i++ {
+		if f.trace[i] == "read" && f.trace[i-1] == "read" {
+			t.Fatalf("read twice in a row with nothing in between: %v", f.trace[max(0, i-6):i+1])
+		}
+	}
+	if !slices.Contains(f.trace, "wait") {
+		t.Fatalf("the scenario never waited: %v", f.trace)
 	}
 }
 

@@ -132,7 +132,8 @@ func (w *wait) expired(t Timeouts, last Step, lastErr error) error {
 // await holds step open while Next keeps answering the step it started on
 // (same action, same machine): it reports each new reason, re-reads on every
 // change (or every etcdPoll), and ends when Next answers something else — the
-// caller's loop then decides again — or when the wait's limit is spent.
+// caller's loop then decides again, on the snapshot the wait ended on — or
+// when the wait's limit is spent.
 func (e *Engine) await(ctx context.Context, t Target, st *step, first Step, kind func(Step) waitKind) error {
 	var w wait
 	next := first
@@ -151,6 +152,7 @@ func (e *Engine) await(ctx context.Context, t Target, st *step, first Step, kind
 		next = Next(ctx, s, t)
 		if next.Action != first.Action || machineName(next.Machine) != machineName(first.Machine) ||
 			next.Transient != first.Transient {
+			e.handed = s
 			return nil
 		}
 	}
