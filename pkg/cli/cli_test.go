@@ -200,7 +200,7 @@ func TestConfigPrecedence(t *testing.T) {
 			if r.err != nil {
 				t.Fatal(r.err)
 			}
-			if got := *r.opts.ConfigFlags.Namespace; got != tc.wantNamespace {
+			if got := r.opts.ConfigFlags.Namespace(); got != tc.wantNamespace {
 				t.Errorf("namespace %q, want %q", got, tc.wantNamespace)
 			}
 			if got := json.Valid([]byte(r.out)); got != tc.wantJSON {

@@ -11,7 +11,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
@@ -31,12 +32,19 @@ import (
 // This file and prepare below are where the command line meets the rollout
 // engine: every other file works with flags, options and printing only.
 
+// managementConfig is how the management cluster is reached: the kubeconfig
+// as kubectl's flags select it (kubeconfigFlags).
+type managementConfig interface {
+	ToRESTConfig() (*rest.Config, error)
+	ToRawKubeConfigLoader() clientcmd.ClientConfig
+}
+
 // connection says which cluster's control plane a verb works on and how to
 // reach it. Flags fill it; only connect reads the kubeconfig and dials.
 type connection struct {
 	// Management is kubectl's connection flags: the kubeconfig, context,
 	// impersonation and so on.
-	Management   genericclioptions.RESTClientGetter
+	Management   managementConfig
 	Cluster      string
 	Namespace    string // empty: the kubeconfig context's namespace
 	EtcdEndpoint string // direct etcd endpoint template; empty = port-forward

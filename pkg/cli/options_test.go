@@ -54,7 +54,7 @@ type resolved struct {
 
 func resolvedRequest(r result, o *requestOptions) resolved {
 	v := resolved{
-		Cluster: o.Cluster, Namespace: *r.opts.ConfigFlags.Namespace, EtcdEndpoint: o.EtcdEndpoint, KCPVersion: o.KCPVersion,
+		Cluster: o.Cluster, Namespace: r.opts.ConfigFlags.Namespace(), EtcdEndpoint: o.EtcdEndpoint, KCPVersion: o.KCPVersion,
 		Operation: o.Request.Operation, Version: o.Request.Version, Replace: o.Request.Replace,
 		MaxSurge: o.Request.MaxSurge, Output: o.Output,
 	}
@@ -207,7 +207,7 @@ func TestPlanOptions(t *testing.T) {
 
 func TestStatusOptions(t *testing.T) {
 	view := func(r result, o *StatusOptions) resolved {
-		return resolved{Cluster: o.Cluster, Namespace: *r.opts.ConfigFlags.Namespace, EtcdEndpoint: o.EtcdEndpoint, Output: o.Output}
+		return resolved{Cluster: o.Cluster, Namespace: r.opts.ConfigFlags.Namespace(), EtcdEndpoint: o.EtcdEndpoint, Output: o.Output}
 	}
 	checkOptions(t, "status", NewCmdStatus, view, resolved{Cluster: "demo", Output: "text"}, []optionsCase{
 		{name: "defaults", args: []string{"demo"}},

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -30,7 +29,7 @@ func Run(ctx context.Context, streams genericiooptions.IOStreams, args []string)
 // RootOptions holds what every verb shares: how to reach the management cluster
 // and where the configuration file is. Verbs copy from it only what they use.
 type RootOptions struct {
-	ConfigFlags *genericclioptions.ConfigFlags
+	ConfigFlags *kubeconfigFlags
 	ConfigFile  string
 	Streams     genericiooptions.IOStreams
 }
@@ -45,7 +44,7 @@ func NewRootCmd(streams genericiooptions.IOStreams) *cobra.Command {
 // environment and config file resolved to.
 func newRootCmd(streams genericiooptions.IOStreams) (*cobra.Command, *RootOptions) {
 	o := &RootOptions{
-		ConfigFlags: genericclioptions.NewConfigFlags(true),
+		ConfigFlags: newKubeconfigFlags(),
 		ConfigFile:  defaultConfigFile(),
 		Streams:     streams,
 	}
