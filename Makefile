@@ -77,7 +77,7 @@ test-faults: ## the fault, crash and bad-input suite, with SIGKILL at every step
 		$(GO) test -count=1 -timeout 90m -parallel $(TEST_PARALLEL) -v ./test/e2e \
 		-run 'TestKill|Fault|Unreachable|Lease|Never|Stopped|SecondRun|Restart|MoveLeader|BadInput|Interrupt|Handback|NoKeyMaterial'
 
-bench: plugin ## the tool against the real KCP on the simulator, 3 runs of 4 rollouts (about 40 minutes); figures in bench/ and docs/performance.md
+bench: plugin ## the tool against the real KCP on the simulator, 3 runs of 4 rollouts (about 30 minutes); figures in bench/ and docs/performance.md
 	@mkdir -p bench
 	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin CP_ROLLOUT_BENCH_OUT=$(CURDIR)/bench \
 		$(GO) test ./test/e2e -run '^$$' -bench BenchmarkRollout -benchtime 1x -timeout 150m

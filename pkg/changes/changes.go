@@ -1,7 +1,8 @@
 // Package changes answers "has anything the rollout loop waits on changed?":
 // control-plane Machines on the management cluster, control-plane Nodes and
-// their static Pods on the workload cluster. The loop only learns when to read again from it;
-// every decision is made on a fresh live read, never on what the watches saw.
+// their static Pods on the workload cluster. The loop only learns when to read
+// again from it; every decision is made on a fresh live read, never on what
+// the watches saw.
 package changes
 
 import (
