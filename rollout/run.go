@@ -154,8 +154,14 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 	if err := e.Converge(runCtx, p.Target); err != nil {
 		return err
 	}
-	if err := e.handBack(runCtx); err != nil {
+	handedBack, err := e.handBack(runCtx)
+	if err != nil {
 		return err
+	}
+	if e.Timeouts.Handback > 0 {
+		if err := e.awaitSettled(runCtx, handedBack); err != nil {
+			return err
+		}
 	}
 	e.summarize()
 	return nil
@@ -259,19 +265,19 @@ func (e *Engine) prepareWorkload(ctx context.Context, live *kcpstate.ControlPlan
 }
 
 // handBack removes the pause and moves the record to the last operation:
-// KCP is in charge again.
-func (e *Engine) handBack(ctx context.Context) (err error) {
+// KCP is in charge again. It returns the machines it handed back.
+func (e *Engine) handBack(ctx context.Context) (machines []string, err error) {
 	live, err := e.ControlPlane.Read(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	st := e.begin("handback", "", "unpausing KubeadmControlPlane "+live.KCP.Name)
 	defer st.end(&err)
 	if err := e.ControlPlane.Complete(ctx, live.KCP); err != nil {
-		return err
+		return nil, err
 	}
 	st.done("KubeadmControlPlane " + live.KCP.Name + " unpaused; KCP is in charge again")
-	return nil
+	return live.Machines.Names(), nil
 }
 
 // removeOrphans deletes what a killed run left between creating a

@@ -24,10 +24,13 @@ type Timeouts struct {
 	// Recovery is how long the loop waits for a machine that was healthy and
 	// went bad to recover before it refuses to go on; 0 means unhealthyGrace.
 	Recovery time.Duration
+	// Handback bounds the wait after the hand-back until KCP has reconciled
+	// and agrees the rollout is done (Unsettled); 0 does not wait.
+	Handback time.Duration
 }
 
 // DefaultTimeouts are the flags' defaults.
-var DefaultTimeouts = Timeouts{Provision: 20 * time.Minute, Health: 10 * time.Minute, Delete: 20 * time.Minute}
+var DefaultTimeouts = Timeouts{Provision: 20 * time.Minute, Health: 10 * time.Minute, Delete: 20 * time.Minute, Handback: 2 * time.Minute}
 
 // unhealthyGrace is the default Recovery: long enough for a failed probe or a
 // restarting static pod, short enough not to hide a fault.

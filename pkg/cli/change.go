@@ -98,6 +98,7 @@ func (o *changeOptions) converge(ctx context.Context, reporter progress.Reporter
 type waitLimits struct {
 	Timeout  time.Duration // the whole run; 0: no limit
 	Timeouts rollout.Timeouts
+	NoWait   bool // --no-wait: --handback-timeout 0
 }
 
 func newWaitLimits() waitLimits {
@@ -110,6 +111,8 @@ func (l *waitLimits) addFlags(f *pflag.FlagSet) {
 	f.DurationVar(&l.Timeouts.Health, "health-timeout", l.Timeouts.Health, "How long a new machine may take, once it has a node, to be healthy (node, static pods, etcd member)")
 	f.DurationVar(&l.Timeouts.Delete, "delete-timeout", l.Timeouts.Delete, "How long a machine may take to be deleted")
 	f.DurationVar(&l.Timeouts.Settle, "settle", l.Timeouts.Settle, "Pause after each new machine turns healthy, before the next step")
+	f.DurationVar(&l.Timeouts.Handback, "handback-timeout", l.Timeouts.Handback, "How long KCP may take, after the hand-back, to reconcile and agree the rollout is done (its status at the target version, every machine up to date)")
+	f.BoolVar(&l.NoWait, "no-wait", l.NoWait, "Exit once the control plane is handed back, without waiting for KCP to agree the rollout is done")
 }
 
 func (l *waitLimits) validate() error {
@@ -118,11 +121,14 @@ func (l *waitLimits) validate() error {
 		value time.Duration
 	}{
 		{"timeout", l.Timeout}, {"provision-timeout", l.Timeouts.Provision}, {"health-timeout", l.Timeouts.Health},
-		{"delete-timeout", l.Timeouts.Delete}, {"settle", l.Timeouts.Settle},
+		{"delete-timeout", l.Timeouts.Delete}, {"settle", l.Timeouts.Settle}, {"handback-timeout", l.Timeouts.Handback},
 	} {
 		if d.value < 0 {
 			return exitcode.Usagef("--%s must not be negative, not %s", d.flag, d.value)
 		}
+	}
+	if l.NoWait {
+		l.Timeouts.Handback = 0
 	}
 	return nil
 }

@@ -9,7 +9,9 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
@@ -42,9 +44,21 @@ func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 			}
 		}
 	}
-	// The summary closes the run, after the hand-back it accounts for.
-	if last, handback := evs[len(evs)-1], evs[len(evs)-2]; last["action"] != "summary" || handback["action"] != "handback" || handback["phase"] != "done" {
-		t.Errorf("last events %v, %v; want the hand-back done, then the summary", handback, last)
+	// The summary closes the run, after the hand-back and KCP's agreement
+	// that the rollout is done, which it accounts for.
+	if last, settled := evs[len(evs)-1], evs[len(evs)-2]; last["action"] != "summary" || settled["action"] != "await-kcp" || settled["phase"] != "done" {
+		t.Errorf("last events %v, %v; want KCP's agreement after the hand-back, then the summary", settled, last)
+	}
+	// Done means done: when the tool exits, KCP has already reconciled and
+	// reports the target, not what it saw before it was paused.
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	if err := e.Sim.ManagementClient().Get(ctx, e.Sim.KCPKey(), kcp); err != nil {
+		t.Fatal(err)
+	}
+	if v := kcp.Status.Versions; kcp.Status.ObservedGeneration != kcp.Generation || len(v) != 1 || v[0].Version != to || v[0].Replicas != 3 ||
+		conditions.IsTrue(kcp, clusterv1.PausedCondition) {
+		t.Errorf("at exit KCP reports generation %d of %d, versions %v, Paused %v; want the current spec, 3 machines at %s, not paused",
+			kcp.Status.ObservedGeneration, kcp.Generation, v, conditions.IsTrue(kcp, clusterv1.PausedCondition), to)
 	}
 	// It counts the run's round trips to each cluster and to etcd.
 	if req, _ := evs[len(evs)-1]["requests"].(map[string]any); req == nil ||

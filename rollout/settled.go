@@ -1,0 +1,95 @@
+package rollout
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/collections"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+// Unsettled says what keeps KCP from having settled after the hand-back, in
+// the order it turns true, each naming what it saw; none means KCP has
+// reconciled since it was unpaused and agrees that the rollout is done:
+// its status describes the current spec at one version, every machine is up
+// to date by KCP's own condition, and there are as many as it wants. Only
+// until KCP has reconciled do the tool's rollout and KCP's view differ.
+func Unsettled(cp *kcpstate.ControlPlane) []string {
+	kcp := cp.KCP
+	if conditions.IsTrue(kcp, clusterv1.PausedCondition) {
+		return []string{"KCP has not reconciled since the hand-back: it still reports Paused"}
+	}
+	var out []string
+	if kcp.Status.ObservedGeneration != kcp.Generation {
+		out = append(out, fmt.Sprintf("KCP has not observed generation %d of its spec (observed %d)", kcp.Generation, kcp.Status.ObservedGeneration))
+	}
+	if v := kcp.Status.Versions; len(v) != 1 || v[0].Version != kcp.Spec.Version {
+		var seen []string
+		for _, sv := range v {
+			seen = append(seen, fmt.Sprintf("%d at %s", sv.Replicas, sv.Version))
+		}
+		out = append(out, fmt.Sprintf("KCP reports machines at [%s], want all at %s", strings.Join(seen, ", "), kcp.Spec.Version))
+	}
+	machines := cp.Machines.Filter(collections.Not(collections.HasDeletionTimestamp))
+	if want := kcp.Spec.Replicas; want != nil && int32(machines.Len()) != *want {
+		out = append(out, fmt.Sprintf("%d control-plane machines, KCP wants %d", machines.Len(), *want))
+	}
+	for _, m := range machines.SortedByCreationTimestamp() {
+		if c := conditions.Get(m, clusterv1.MachineUpToDateCondition); c == nil || c.Status != "True" {
+			why := "no UpToDate condition"
+			if c != nil {
+				why = fmt.Sprintf("UpToDate=%s (%s)", c.Status, c.Reason)
+			}
+			out = append(out, fmt.Sprintf("KCP does not count machine %s as up to date: %s", m.Name, why))
+		}
+	}
+	return out
+}
+
+// awaitSettled waits, after the hand-back, until KCP has reconciled and
+// agrees the rollout is done (Unsettled), reporting what it still waits for.
+// KCP creating or deleting a machine meanwhile means it found a rollout of
+// its own to do: that ends the wait at once. Either failure is exit 4; the
+// hand-back itself stands.
+func (e *Engine) awaitSettled(ctx context.Context, handedBack []string) (err error) {
+	st := e.begin("await-kcp", "", fmt.Sprintf("waiting up to %s for KCP to take over and agree the rollout is done", e.Timeouts.Handback))
+	defer st.end(&err)
+	var w wait
+	began := time.Now()
+	for {
+		cp, err := e.ControlPlane.Read(ctx)
+		if err != nil {
+			return err
+		}
+		names := cp.Machines.Names()
+		for _, n := range names {
+			if !slices.Contains(handedBack, n) {
+				return exitcode.Timeoutf("KCP created machine %s after the hand-back: it found a rollout of its own to do", n)
+			}
+		}
+		for _, n := range handedBack {
+			if !slices.Contains(names, n) {
+				return exitcode.Timeoutf("KCP deleted machine %s after the hand-back: it found a rollout of its own to do", n)
+			}
+		}
+		unsettled := Unsettled(cp)
+		if len(unsettled) == 0 {
+			st.done(fmt.Sprintf("KCP reports every machine at %s and up to date", cp.KCP.Spec.Version))
+			return nil
+		}
+		if w.observe(waitHealth, unsettled[0]) {
+			st.waiting(unsettled[0])
+		}
+		if time.Since(began) > e.Timeouts.Handback {
+			return exitcode.Timeoutf("KCP did not settle within --handback-timeout %s after the hand-back: %s", e.Timeouts.Handback, strings.Join(unsettled, "; "))
+		}
+		e.waitForChange(ctx)
+	}
+}

@@ -1,0 +1,62 @@
+package rollout
+
+import (
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/collections"
+	"sigs.k8s.io/cluster-api/util/conditions"
+)
+
+// TestUnsettledUntilKCPAgrees walks a KCP through what it does after the
+// hand-back: still Paused, then reconciled with its status not yet current,
+// then with a machine it does not count as up to date, then settled.
+func TestUnsettledUntilKCPAgrees(t *testing.T) {
+	kcp := &controlplanev1.KubeadmControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "demo-cp", Generation: 3}}
+	kcp.Spec.Version, kcp.Spec.Replicas = "v1.36.3", ptr.To(int32(3))
+	machines := collections.New()
+	for _, name := range []string{"m1", "m2", "m3"} {
+		m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineUpToDateCondition, Status: metav1.ConditionTrue, Reason: clusterv1.MachineUpToDateReason})
+		machines.Insert(m)
+	}
+	cp := &kcpstate.ControlPlane{KCP: kcp, Machines: machines}
+	says := func(want ...string) {
+		t.Helper()
+		got := strings.Join(Unsettled(cp), "; ")
+		for _, w := range want {
+			if !strings.Contains(got, w) {
+				t.Errorf("unsettled: %q; want it to say %q", got, w)
+			}
+		}
+		if len(want) == 0 && got != "" {
+			t.Errorf("unsettled: %q; want settled", got)
+		}
+	}
+
+	conditions.Set(kcp, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionTrue, Reason: clusterv1.PausedReason})
+	says("still reports Paused")
+
+	conditions.Set(kcp, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionFalse, Reason: clusterv1.NotPausedReason})
+	kcp.Status.ObservedGeneration = 2
+	kcp.Status.Versions = []clusterv1.StatusVersion{{Version: "v1.35.2", Replicas: 1}, {Version: "v1.36.3", Replicas: 2}}
+	says("generation 3", "[1 at v1.35.2, 2 at v1.36.3], want all at v1.36.3")
+
+	kcp.Status.ObservedGeneration = 3
+	kcp.Status.Versions = []clusterv1.StatusVersion{{Version: "v1.36.3", Replicas: 3}}
+	conditions.Set(machines["m2"], metav1.Condition{Type: clusterv1.MachineUpToDateCondition, Status: metav1.ConditionFalse, Reason: clusterv1.MachineNotUpToDateReason})
+	says("machine m2 as up to date: UpToDate=False")
+
+	conditions.Set(machines["m2"], metav1.Condition{Type: clusterv1.MachineUpToDateCondition, Status: metav1.ConditionTrue, Reason: clusterv1.MachineUpToDateReason})
+	delete(machines, "m3")
+	says("2 control-plane machines, KCP wants 3")
+
+	kcp.Spec.Replicas = ptr.To(int32(2))
+	says()
+}
