@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
@@ -15,12 +17,12 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
 
-// Unsettled says what keeps KCP from having settled after the hand-back, in
-// the order it turns true, each naming what it saw; none means KCP has
-// reconciled since it was unpaused and agrees that the rollout is done:
-// its status describes the current spec at one version, every machine is up
-// to date by KCP's own condition, and there are as many as it wants. Only
-// until KCP has reconciled do the tool's rollout and KCP's view differ.
+// Unsettled says what keeps KCP from having settled after the hand-back, each
+// naming what it saw; none means KCP has reconciled since it was unpaused and
+// agrees that the rollout is done: its status describes the current spec at
+// one version, every machine is up to date by KCP's own condition, and there
+// are as many as it wants. Until KCP has reconciled, its status still
+// describes the control plane as it was before the pause.
 func Unsettled(cp *kcpstate.ControlPlane) []string {
 	kcp := cp.KCP
 	if conditions.IsTrue(kcp, clusterv1.PausedCondition) {
@@ -42,7 +44,7 @@ func Unsettled(cp *kcpstate.ControlPlane) []string {
 		out = append(out, fmt.Sprintf("%d control-plane machines, KCP wants %d", machines.Len(), *want))
 	}
 	for _, m := range machines.SortedByCreationTimestamp() {
-		if c := conditions.Get(m, clusterv1.MachineUpToDateCondition); c == nil || c.Status != "True" {
+		if c := conditions.Get(m, clusterv1.MachineUpToDateCondition); c == nil || c.Status != metav1.ConditionTrue {
 			why := "no UpToDate condition"
 			if c != nil {
 				why = fmt.Sprintf("UpToDate=%s (%s)", c.Status, c.Reason)
@@ -61,7 +63,7 @@ func Unsettled(cp *kcpstate.ControlPlane) []string {
 func (e *Engine) awaitSettled(ctx context.Context, handedBack []string) (err error) {
 	st := e.begin("await-kcp", "", fmt.Sprintf("waiting up to %s for KCP to take over and agree the rollout is done", e.Timeouts.Handback))
 	defer st.end(&err)
-	var w wait
+	var awaited string
 	began := time.Now()
 	for {
 		cp, err := e.ControlPlane.Read(ctx)
@@ -84,8 +86,9 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string) (err err
 			st.done(fmt.Sprintf("KCP reports every machine at %s and up to date", cp.KCP.Spec.Version))
 			return nil
 		}
-		if w.observe(waitHealth, unsettled[0]) {
-			st.waiting(unsettled[0])
+		if unsettled[0] != awaited {
+			awaited = unsettled[0]
+			st.waiting(awaited)
 		}
 		if time.Since(began) > e.Timeouts.Handback {
 			return exitcode.Timeoutf("KCP did not settle within --handback-timeout %s after the hand-back: %s", e.Timeouts.Handback, strings.Join(unsettled, "; "))
