@@ -66,22 +66,29 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string) (err err
 	var awaited string
 	began := time.Now()
 	for {
+		var unsettled []string
 		cp, err := e.ControlPlane.Read(ctx)
-		if err != nil {
-			return err
-		}
-		names := cp.Machines.Names()
-		for _, n := range names {
-			if !slices.Contains(handedBack, n) {
-				return exitcode.Timeoutf("KCP created machine %s after the hand-back: it found a rollout of its own to do", n)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			// The hand-back is done; a management cluster that cannot be read
+			// for a moment only delays the answer, up to the same limit.
+			unsettled = []string{"cannot read the control plane: " + err.Error()}
+		default:
+			names := cp.Machines.Names()
+			for _, n := range names {
+				if !slices.Contains(handedBack, n) {
+					return exitcode.Timeoutf("KCP created machine %s after the hand-back: it found a rollout of its own to do", n)
+				}
 			}
-		}
-		for _, n := range handedBack {
-			if !slices.Contains(names, n) {
-				return exitcode.Timeoutf("KCP deleted machine %s after the hand-back: it found a rollout of its own to do", n)
+			for _, n := range handedBack {
+				if !slices.Contains(names, n) {
+					return exitcode.Timeoutf("KCP deleted machine %s after the hand-back: it found a rollout of its own to do", n)
+				}
 			}
+			unsettled = Unsettled(cp)
 		}
-		unsettled := Unsettled(cp)
 		if len(unsettled) == 0 {
 			st.done(fmt.Sprintf("KCP reports every machine at %s and up to date", cp.KCP.Spec.Version))
 			return nil

@@ -3,6 +3,7 @@ package rollout
 import (
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -12,6 +13,8 @@ import (
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
 	"sigs.k8s.io/cluster-api/util/conditions"
+
+	"github.com/cp-rollout/cp-rollout/pkg/progress"
 )
 
 // TestUnsettledUntilKCPAgrees walks a KCP through what it does after the
@@ -59,4 +62,23 @@ func TestUnsettledUntilKCPAgrees(t *testing.T) {
 
 	kcp.Spec.Replicas = ptr.To(int32(2))
 	says()
+}
+
+// TestAwaitSettledRidesOutUnreadableReads: after the hand-back, reads that
+// fail for a moment delay the answer; they do not fail a finished rollout.
+func TestAwaitSettledRidesOutUnreadableReads(t *testing.T) {
+	f := newScripted(world(machineSpec{}, machineSpec{}, machineSpec{}))
+	kcp := f.world.CP.KCP
+	kcp.Status.Versions = []clusterv1.StatusVersion{{Version: kcp.Spec.Version, Replicas: 3}}
+	for _, m := range f.world.CP.Machines {
+		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineUpToDateCondition, Status: metav1.ConditionTrue, Reason: clusterv1.MachineUpToDateReason})
+	}
+	f.readErrs = 2
+	e, ev := engineFor(f, Timeouts{Handback: 10 * time.Second})
+	if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names()); err != nil {
+		t.Fatalf("awaitSettled: %v", err)
+	}
+	if !ev.find("await-kcp", progress.Waiting, "cannot read the control plane") || !ev.find("await-kcp", progress.Done, "up to date") {
+		t.Errorf("events do not show the failed reads waited out, then KCP's agreement")
+	}
 }
