@@ -104,6 +104,7 @@ func benchOptions(sc benchScenario) sim.Options {
 
 func benchTool(b *testing.B, sc benchScenario) toolRun {
 	e := simtest.StartOwn(b, benchOptions(sc))
+	e.AwaitKCP = true // both runs end when KCP reports done
 	tl := watchTimeline(b, e.Sim)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -27,6 +27,7 @@ const (
 func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, FailureDomains: 3, Version: from, ProvisionDelay: 2 * time.Second, DeleteDelay: time.Second})
+	e.AwaitKCP = true
 	assertOnePerDomain(t, e)
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

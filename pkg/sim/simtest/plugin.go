@@ -76,6 +76,9 @@ func (e *Env) Command(t testing.TB, ctx context.Context, args ...string) *exec.C
 		"PATH="+PluginDir(t)+string(os.PathListSeparator)+os.Getenv("PATH"),
 		"KUBECONFIG="+e.Kubeconfig,
 		"XDG_CONFIG_HOME="+t.TempDir())
+	if !e.AwaitKCP {
+		cmd.Env = append(cmd.Env, "CP_ROLLOUT_NO_WAIT=true")
+	}
 	return cmd
 }
 

@@ -55,6 +55,11 @@ func takeStartSlot() func() {
 type Env struct {
 	Sim        *sim.Sim
 	Kubeconfig string
+	// AwaitKCP keeps the plugin's wait for KCP to agree after the hand-back.
+	// Off by default: that wait is KCP's reconcile (2-3 s a run), not the
+	// tool's, and most scenarios assert what the tool did before it. A
+	// scenario about how a run ends, or a benchmark, turns it on.
+	AwaitKCP bool
 }
 
 // Main runs a test binary's tests with the simulator's and controllers' logs
