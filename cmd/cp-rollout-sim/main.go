@@ -4,7 +4,7 @@
 //
 //	cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default]
 //	    [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s]
-//	    [--capacity 0] [--failure-domains 0] [--without-kcp]
+//	    [--capacity 0] [--failure-domains 0] [--workers 0] [--mhc=true] [--without-kcp]
 package main
 
 import (
@@ -38,6 +38,7 @@ func main() {
 
 type upOptions struct {
 	kubeconfigOut string
+	mhc           bool
 	verbose       bool
 	startTimeout  time.Duration
 	sim           sim.Options
@@ -56,12 +57,15 @@ func parseUp(args []string) (*upOptions, error) {
 	fs.DurationVar(&o.sim.DeleteDelay, "delete-delay", time.Second, "time a simulated machine takes to go away")
 	fs.IntVar(&o.sim.Capacity, "capacity", 0, "most machines that can exist at once; 0 means unlimited")
 	fs.IntVar(&o.sim.FailureDomains, "failure-domains", 0, "control-plane failure domains fd-1 ... fd-N the infrastructure reports; 0 means none")
+	fs.Int32Var(&o.sim.Workers, "workers", 0, "worker machines in a MachineDeployment (demo-md-0); 0 means none")
+	fs.BoolVar(&o.mhc, "mhc", true, "watch the control-plane machines with the MachineHealthCheck Cluster API recommends (node not Ready for 5m)")
 	fs.BoolVar(&o.sim.WithoutKCP, "without-kcp", false, "do not run the KubeadmControlPlane controller")
 	fs.BoolVarP(&o.verbose, "verbose", "v", false, "log the controllers to stderr")
 	fs.DurationVar(&o.startTimeout, "start-timeout", 3*time.Minute, "give up when not ready after this long")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	o.sim.WithoutMachineHealthCheck = !o.mhc
 	switch {
 	case fs.NArg() > 0:
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -77,6 +81,8 @@ func parseUp(args []string) (*upOptions, error) {
 		return nil, errors.New("delays must not be negative")
 	case o.sim.FailureDomains < 0:
 		return nil, fmt.Errorf("--failure-domains must be 0 (none) or more, got %d", o.sim.FailureDomains)
+	case o.sim.Workers < 0:
+		return nil, fmt.Errorf("--workers must be 0 (none) or more, got %d", o.sim.Workers)
 	case o.sim.ClusterName == "" || o.sim.Namespace == "":
 		return nil, errors.New("--cluster and --namespace must not be empty")
 	}
@@ -123,7 +129,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-const usage = "cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default] [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s] [--capacity 0] [--failure-domains 0] [--without-kcp] [-v]"
+const usage = "cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default] [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s] [--capacity 0] [--failure-domains 0] [--workers 0] [--mhc=true] [--without-kcp] [-v]"
 
 func up(ctx context.Context, o *upOptions, stdout, stderr io.Writer) (err error) {
 	began := time.Now()

@@ -15,7 +15,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim/crds"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/manifests"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
 )
 
@@ -28,7 +28,7 @@ func TestPauseWaitsOutAStalePausedCondition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defs, err := crds.ClusterAPI()
+	defs, err := manifests.CRDs()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,10 +6,20 @@
 //     started by controller-runtime's envtest from the binaries
 //     hack/envtest-binaries.sh builds (AssetsDir finds them);
 //   - the Cluster API v1beta2 CRDs (core, kubeadm control plane and bootstrap,
-//     embedded from package crds with their contract labels) and the generic
-//     infrastructure CRDs of cluster-api's util/test/builder;
-//   - the real Machine reconciler and the real KubeadmControlPlane reconciler,
-//     each in a manager of its own wired as its main.go wires it;
+//     embedded from package manifests with their contract labels) and the
+//     generic infrastructure CRDs of cluster-api's util/test/builder;
+//   - the real Cluster, Machine and MachineHealthCheck reconcilers, the real
+//     kubeadm bootstrap (KubeadmConfig) reconciler and the real
+//     KubeadmControlPlane reconciler, in managers wired as their main.go
+//     files wire them, and a MachineHealthCheck on the control plane as
+//     Cluster API's documentation recommends;
+//   - Cluster API's admission webhooks (core, kubeadm bootstrap and control
+//     plane) with the providers' webhook configurations (package manifests),
+//     served from the core manager: one local server for all three, where
+//     production runs one per provider;
+//   - in the workload cluster, what kubeadm init leaves there and KCP updates
+//     after a rollout: kube-proxy, CoreDNS, kubeadm's ConfigMaps and bindings
+//     (addons.go);
 //   - a real etcd member per machine (package member) on the machine's own
 //     loopback address, reachable through the workload API server's
 //     pods/portforward via a kubelet stand-in (package kubelet).
@@ -20,23 +30,19 @@
 // Cluster in a namespace of its own with its own provider, workload cluster,
 // members and nodes.
 //
-// The simulated part is provider.go: an infrastructure and bootstrap provider
-// that, after Options.ProvisionDelay and within Options.Capacity, gives an
-// InfraMachine its host (Node, mirror static pods, kubelet stand-in, etcd
+// The simulated part is provider.go: an infrastructure provider that, once the
+// kubeadm bootstrap controller has written the machine's bootstrap data, after
+// Options.ProvisionDelay and within Options.Capacity, gives an InfraMachine
+// its host (Node, mirror static pods, kubelet stand-in, etcd
 // member joined as a learner and promoted as kubeadm does) and, after
 // Options.DeleteDelay, takes it away when the InfraMachine is deleted.
 //
 // What stands in for something that does not run here:
-//   - no Cluster controller: Start marks the Cluster's infrastructure
-//     provisioned and its control plane initialized, and makes the Cluster the
-//     owner of its KCP;
-//   - no webhooks: the KCP gets its webhook defaults, the Machine default
-//     nodeDeletionTimeoutSeconds comes through the KCP machine template, and
-//     ValidateKCP runs the KCP webhook's validation for tests;
-//   - the initial machines are created at once with KCP's own desiredstate
-//     code and field owner (the tool's controlplane.CreateMachine, the code
-//     that creates its replacements), where KCP would add them one
-//     by one;
+//   - the initial machines are created at once, while the KCP is still
+//     paused, with KCP's own desiredstate code and field owner (the tool's
+//     controlplane.CreateMachine, the code that creates its replacements),
+//     where KCP would add them one by one; with Options.WithoutKCP the
+//     simulator also reports the KCP initialized, as KCP would;
 //   - KCP reads the kube-apiserver serving certificate's expiry through a
 //     port-forward to kube-apiserver-<node>:6443; a small TLS endpoint with a
 //     certificate signed by the cluster CA answers there.

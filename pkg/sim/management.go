@@ -9,15 +9,15 @@ import (
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/test/builder"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim/crds"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/manifests"
 )
 
 // Management is a management cluster (a real kube-apiserver and etcd with
@@ -76,7 +76,7 @@ func StartManagement(ctx context.Context, assetsDir string, log logr.Logger) (_ 
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
-	managers, names, shutdowns, err := capiManagers(runCtx, m.config, log, true)
+	managers, names, shutdowns, err := capiManagers(runCtx, m.config, &m.env.WebhookInstallOptions, log, true)
 	m.shutdowns = shutdowns
 	if err != nil {
 		return nil, err
@@ -89,6 +89,9 @@ func StartManagement(ctx context.Context, assetsDir string, log logr.Logger) (_ 
 		})
 	}
 	if err := waitForCaches(ctx, managers, names); err != nil {
+		return nil, err
+	}
+	if err := waitForWebhooks(ctx, managers[0].GetWebhookServer()); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -122,9 +125,15 @@ func (m *Management) Stop() error {
 }
 
 // managementEnvironment describes a management cluster: its API server, its
-// etcd and Cluster API's CRDs with the generic infrastructure provider's.
+// etcd, Cluster API's CRDs with the generic infrastructure provider's, and
+// Cluster API's admission webhook configurations, which envtest points at a
+// local server with a certificate of its own (the core manager serves it).
 func managementEnvironment(apiServerBin, etcdBin, assetsDir string) (*envtest.Environment, error) {
-	crdList, err := crds.ClusterAPI()
+	crdList, err := manifests.CRDs()
+	if err != nil {
+		return nil, err
+	}
+	mutating, validating, err := manifests.Webhooks()
 	if err != nil {
 		return nil, err
 	}
@@ -139,6 +148,10 @@ func managementEnvironment(apiServerBin, etcdBin, assetsDir string) (*envtest.En
 		Scheme:                Scheme(),
 		CRDs:                  crdList,
 		ErrorIfCRDPathMissing: true,
+		WebhookInstallOptions: envtest.WebhookInstallOptions{
+			MutatingWebhooks:   mutating,
+			ValidatingWebhooks: validating,
+		},
 		// A loaded two-core machine can take longer than envtest's 20 s
 		// default to start or stop a kube-apiserver.
 		ControlPlaneStartTimeout: time.Minute,
@@ -147,17 +160,32 @@ func managementEnvironment(apiServerBin, etcdBin, assetsDir string) (*envtest.En
 }
 
 // forgetCluster deletes the simulator's Cluster from the shared management
-// cluster and waits (briefly) until it is gone, so that the shared
-// ClusterCaches disconnect from its workload cluster.
+// cluster, so that the shared ClusterCaches disconnect from its workload
+// cluster. The Cluster is paused first and its finalizer removed: the
+// simulator is going away with its machines, and the Cluster controller would
+// otherwise delete the control plane and wait for every machine to go.
 func (s *Sim) forgetCluster() {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: s.opts.ClusterName}}
+	cluster := &clusterv1.Cluster{}
+	if err := s.mgmt.Get(ctx, s.ClusterKey(), cluster); err != nil {
+		return
+	}
+	paused := client.MergeFrom(cluster.DeepCopy())
+	cluster.Spec.Paused = ptr.To(true)
+	if err := s.mgmt.Patch(ctx, cluster, paused); err != nil {
+		return
+	}
 	if err := s.mgmt.Delete(ctx, cluster); err != nil {
 		return
 	}
+	unblocked := client.MergeFrom(cluster.DeepCopy())
+	cluster.Finalizers = nil
+	if err := s.mgmt.Patch(ctx, cluster, unblocked); err != nil && !apierrors.IsNotFound(err) {
+		return
+	}
 	for ctx.Err() == nil {
-		if err := s.mgmt.Get(ctx, client.ObjectKeyFromObject(cluster), cluster); apierrors.IsNotFound(err) {
+		if err := s.mgmt.Get(ctx, s.ClusterKey(), cluster); apierrors.IsNotFound(err) {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -18,8 +19,6 @@ import (
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	kcpadmission "sigs.k8s.io/cluster-api/controlplane/kubeadm/webhooks/admission"
-	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/cluster-api/util/test/builder"
 
@@ -38,10 +37,6 @@ const (
 	coreControllerNamespace  = "capi-system"
 	coreControllerDeployment = "capi-controller-manager"
 	coreControllerImage      = "registry.k8s.io/cluster-api/cluster-api-controller:v1.14.2"
-
-	// defaultNodeDeletionTimeoutSeconds is what the Machine webhook defaults
-	// spec.deletion.nodeDeletionTimeoutSeconds to; no webhook runs here.
-	defaultNodeDeletionTimeoutSeconds = int32(10)
 )
 
 func (s *Sim) infraTemplateName() string { return s.opts.ClusterName + "-control-plane" }
@@ -63,7 +58,8 @@ func (s *Sim) workloadEndpoint() (string, int32, error) {
 
 // createManagementObjects creates what clusterctl and a cluster template would
 // have created: the provider Deployments, the Cluster with its KCP and machine
-// template, the certificate and kubeconfig Secrets.
+// template, the certificate and kubeconfig Secrets. The KCP starts paused, so
+// that it leaves the initial machines to createInitialMachines.
 func (s *Sim) createManagementObjects(ctx context.Context) error {
 	c := s.mgmt
 	if err := ensureNamespace(ctx, c, s.opts.Namespace); err != nil {
@@ -135,6 +131,16 @@ func (s *Sim) createManagementObjects(ctx context.Context) error {
 	if err := c.Create(ctx, kcp); err != nil {
 		return fmt.Errorf("creating the KubeadmControlPlane: %w", err)
 	}
+	if s.opts.Workers > 0 {
+		if err := s.createWorkers(ctx); err != nil {
+			return err
+		}
+	}
+	if !s.opts.WithoutMachineHealthCheck {
+		if err := c.Create(ctx, s.controlPlaneHealthCheck()); err != nil {
+			return fmt.Errorf("creating the control plane's MachineHealthCheck: %w", err)
+		}
+	}
 
 	// KCP generates the cluster certificates on its first reconcile and owns
 	// them; doing it here with the same code lets the initial machines and
@@ -172,11 +178,15 @@ func (s *Sim) createManagementObjects(ctx context.Context) error {
 	return nil
 }
 
-// desiredKCP is the KubeadmControlPlane as a user would write it, with the
-// defaults its webhook would add (no webhooks run in the simulator).
+// desiredKCP is the KubeadmControlPlane as a user would write it; its
+// webhook adds the defaults. It starts paused (see createInitialMachines).
 func (s *Sim) desiredKCP() *controlplanev1.KubeadmControlPlane {
-	kcp := &controlplanev1.KubeadmControlPlane{
-		ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: s.kcpName()},
+	return &controlplanev1.KubeadmControlPlane{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace:   s.opts.Namespace,
+			Name:        s.kcpName(),
+			Annotations: map[string]string{clusterv1.PausedAnnotation: ""},
+		},
 		Spec: controlplanev1.KubeadmControlPlaneSpec{
 			Replicas: ptr.To(s.opts.Replicas),
 			Version:  s.opts.Version,
@@ -187,11 +197,6 @@ func (s *Sim) desiredKCP() *controlplanev1.KubeadmControlPlane {
 						Kind:     builder.GenericInfrastructureMachineTemplateKind,
 						Name:     s.infraTemplateName(),
 					},
-					// KCP copies this onto every Machine it creates; setting it here
-					// stands in for the Machine webhook's default on those machines.
-					Deletion: controlplanev1.KubeadmControlPlaneMachineTemplateDeletionSpec{
-						NodeDeletionTimeoutSeconds: ptr.To(defaultNodeDeletionTimeoutSeconds),
-					},
 				},
 			},
 			KubeadmConfigSpec: bootstrapv1.KubeadmConfigSpec{
@@ -201,21 +206,6 @@ func (s *Sim) desiredKCP() *controlplanev1.KubeadmControlPlane {
 			},
 		},
 	}
-	_ = (&kcpadmission.KubeadmControlPlane{}).Default(context.Background(), kcp)
-	return kcp
-}
-
-// ValidateKCP runs the KubeadmControlPlane webhook's validation, which no
-// webhook server enforces in the simulator: tests call it on what they write.
-func ValidateKCP(ctx context.Context, oldKCP, newKCP *controlplanev1.KubeadmControlPlane) error {
-	v := &kcpadmission.KubeadmControlPlane{}
-	var err error
-	if oldKCP == nil {
-		_, err = v.ValidateCreate(ctx, newKCP)
-	} else {
-		_, err = v.ValidateUpdate(ctx, oldKCP, newKCP)
-	}
-	return err
 }
 
 // createProviderDeployments creates the Deployments clusterctl would install
@@ -304,48 +294,97 @@ func (s *Sim) createWorkloadObjects(ctx context.Context) error {
 	return nil
 }
 
-// markClusterInitialized does what the Cluster controller (not run here) would
-// do once the infrastructure and the first control-plane machine are up. The
-// Machine controller only sets nodeRefs for an initialized Cluster, and the
-// ClusterCache connects only then; the kubeconfig Secret already exists, so
-// the first connection succeeds rather than waiting 30 s for a retry.
-func (s *Sim) markClusterInitialized(ctx context.Context) error {
-	cluster := &clusterv1.Cluster{}
-	if err := s.mgmt.Get(ctx, s.ClusterKey(), cluster); err != nil {
+// workersName names the workers' MachineDeployment and its templates.
+func (s *Sim) workersName() string { return s.opts.ClusterName + "-md-0" }
+
+// createWorkers creates what a cluster template holds for one pool of
+// workers: the MachineDeployment and the bootstrap and infrastructure
+// templates its machines are made from.
+func (s *Sim) createWorkers(ctx context.Context) error {
+	name := s.workersName()
+	infra := &unstructured.Unstructured{}
+	infra.SetGroupVersionKind(builder.InfrastructureGroupVersion.WithKind(builder.GenericInfrastructureMachineTemplateKind))
+	infra.SetNamespace(s.opts.Namespace)
+	infra.SetName(name)
+	if err := unstructured.SetNestedMap(infra.Object, map[string]any{"spec": map[string]any{}}, "spec", "template"); err != nil {
 		return err
 	}
-	patch := client.MergeFrom(cluster.DeepCopy())
-	cluster.Status.Initialization.InfrastructureProvisioned = ptr.To(true)
-	cluster.Status.Initialization.ControlPlaneInitialized = ptr.To(true)
-	cluster.Status.FailureDomains = s.failureDomains() // copied from the infrastructure cluster
-	conditions.Set(cluster, metav1.Condition{
-		Type:   clusterv1.ClusterControlPlaneInitializedCondition,
-		Status: metav1.ConditionTrue,
-		Reason: clusterv1.ClusterControlPlaneInitializedReason,
-	})
-	if err := s.mgmt.Status().Patch(ctx, cluster, patch); err != nil {
-		return fmt.Errorf("marking the Cluster initialized: %w", err)
+	if err := s.mgmt.Create(ctx, infra); err != nil {
+		return fmt.Errorf("creating the workers' infrastructure template: %w", err)
 	}
+	bootstrap := &bootstrapv1.KubeadmConfigTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: name}}
+	if err := s.mgmt.Create(ctx, bootstrap); err != nil {
+		return fmt.Errorf("creating the workers' KubeadmConfigTemplate: %w", err)
+	}
+	md := &clusterv1.MachineDeployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: name},
+		Spec: clusterv1.MachineDeploymentSpec{
+			ClusterName: s.opts.ClusterName,
+			Replicas:    ptr.To(s.opts.Workers),
+			Template: clusterv1.MachineTemplateSpec{Spec: clusterv1.MachineSpec{
+				ClusterName: s.opts.ClusterName,
+				Version:     s.opts.Version,
+				Bootstrap: clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{
+					APIGroup: bootstrapv1.GroupVersion.Group, Kind: "KubeadmConfigTemplate", Name: name,
+				}},
+				InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+					APIGroup: builder.InfrastructureGroupVersion.Group, Kind: builder.GenericInfrastructureMachineTemplateKind, Name: name,
+				},
+			}},
+		},
+	}
+	if err := s.mgmt.Create(ctx, md); err != nil {
+		return fmt.Errorf("creating the workers' MachineDeployment: %w", err)
+	}
+	return nil
+}
 
-	// The Cluster controller also makes the Cluster an owner of its control
-	// plane and labels it; KCP waits for that owner reference.
+// controlPlaneHealthCheck is the MachineHealthCheck Cluster API's
+// documentation gives for a KCP control plane: a machine whose node has not
+// been Ready for 5 minutes is unhealthy, and KCP remediates it (one at a
+// time, only while etcd keeps quorum). While the tool holds KCP paused,
+// nothing remediates, but the check still marks the machine.
+func (s *Sim) controlPlaneHealthCheck() *clusterv1.MachineHealthCheck {
+	notReadyFor5m := func(status corev1.ConditionStatus) clusterv1.UnhealthyNodeCondition {
+		return clusterv1.UnhealthyNodeCondition{Type: corev1.NodeReady, Status: status, TimeoutSeconds: ptr.To(int32(300))}
+	}
+	return &clusterv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: s.kcpName() + "-unhealthy-5m"},
+		Spec: clusterv1.MachineHealthCheckSpec{
+			ClusterName: s.opts.ClusterName,
+			Selector:    metav1.LabelSelector{MatchLabels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}},
+			Checks: clusterv1.MachineHealthCheckChecks{
+				UnhealthyNodeConditions: []clusterv1.UnhealthyNodeCondition{notReadyFor5m(corev1.ConditionUnknown), notReadyFor5m(corev1.ConditionFalse)},
+			},
+			Remediation: clusterv1.MachineHealthCheckRemediation{
+				TriggerIf: clusterv1.MachineHealthCheckRemediationTriggerIf{UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromString("100%"))},
+			},
+		},
+	}
+}
+
+// resumeKCP hands the control plane to KCP once its initial machines exist.
+// KCP then reports it initialized (it finds kubeadm's ConfigMap in the
+// workload cluster), the Cluster controller copies that, and only then does
+// the Machine controller look for the machines' nodes. Without the KCP
+// controller, the simulator reports what KCP would.
+func (s *Sim) resumeKCP(ctx context.Context) error {
 	kcp := &controlplanev1.KubeadmControlPlane{}
 	if err := s.mgmt.Get(ctx, s.KCPKey(), kcp); err != nil {
 		return err
 	}
-	kcpPatch := client.MergeFrom(kcp.DeepCopy())
-	kcp.OwnerReferences = append(kcp.OwnerReferences, metav1.OwnerReference{
-		APIVersion: clusterv1.GroupVersion.String(),
-		Kind:       "Cluster",
-		Name:       cluster.Name,
-		UID:        cluster.UID,
-	})
-	if kcp.Labels == nil {
-		kcp.Labels = map[string]string{}
+	patch := client.MergeFrom(kcp.DeepCopy())
+	delete(kcp.Annotations, clusterv1.PausedAnnotation)
+	if err := s.mgmt.Patch(ctx, kcp, patch); err != nil {
+		return fmt.Errorf("resuming the KubeadmControlPlane: %w", err)
 	}
-	kcp.Labels[clusterv1.ClusterNameLabel] = cluster.Name
-	if err := s.mgmt.Patch(ctx, kcp, kcpPatch); err != nil {
-		return fmt.Errorf("making the Cluster own its KubeadmControlPlane: %w", err)
+	if !s.opts.WithoutKCP {
+		return nil
+	}
+	patch = client.MergeFrom(kcp.DeepCopy())
+	kcp.Status.Initialization.ControlPlaneInitialized = ptr.To(true)
+	if err := s.mgmt.Status().Patch(ctx, kcp, patch); err != nil {
+		return fmt.Errorf("reporting the control plane initialized: %w", err)
 	}
 	return nil
 }
@@ -354,9 +393,9 @@ func (s *Sim) markClusterInitialized(ctx context.Context) error {
 // controlplane.CreateMachine — KCP's desiredstate for the InfraMachine,
 // KubeadmConfig (init for the first, join for the rest) and Machine, applied
 // with KCP's field owner, exactly as KCP's cloneConfigsAndGenerateMachine —
-// but all at once: KCP would add them one by one, each waiting for the
-// previous one to be healthy, which makes start-up several times slower
-// without testing anything the tool does.
+// but all at once, while KCP is paused: KCP would add them one by one, each
+// waiting for the previous one to be healthy, which makes start-up several
+// times slower without testing anything the tool does.
 func (s *Sim) createInitialMachines(ctx context.Context) error {
 	cluster := &clusterv1.Cluster{}
 	if err := s.mgmt.Get(ctx, s.ClusterKey(), cluster); err != nil {

@@ -25,10 +25,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/secret"
 
 	"github.com/cp-rollout/cp-rollout/pkg/sim/kubelet"
@@ -128,9 +129,20 @@ func (s *Sim) newProviderManager() (ctrl.Manager, error) {
 	err = builder.ControllerManagedBy(mgr).
 		Named("simulated-infrastructure").
 		For(infraMachine).
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(infraMachineOf)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(p)
 	return mgr, err
+}
+
+// infraMachineOf maps a Machine to its InfraMachine, as providers do to see
+// the Machine's bootstrap data arrive.
+func infraMachineOf(_ context.Context, o client.Object) []reconcile.Request {
+	m, ok := o.(*clusterv1.Machine)
+	if !ok || m.Spec.InfrastructureRef.Kind != infraMachineGVK.Kind {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.InfrastructureRef.Name}}}
 }
 
 // Reconcile moves one InfraMachine towards its simulated state.
@@ -178,8 +190,11 @@ func (p *provider) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 	if node.stuck || node.provisioned {
 		return reconcile.Result{}, nil
 	}
-	if err := p.markBootstrapReady(ctx, machine); err != nil {
-		return reconcile.Result{}, err
+	// Like every infrastructure provider, boot only once the bootstrap
+	// provider has written the machine's bootstrap data (the watch on
+	// Machines brings us back when it has).
+	if machine.Spec.Bootstrap.DataSecretName == nil {
+		return reconcile.Result{}, nil
 	}
 	if remaining := time.Until(node.slotSince.Add(p.s.opts.ProvisionDelay)); remaining > 0 {
 		return reconcile.Result{RequeueAfter: remaining}, nil
@@ -258,65 +273,6 @@ func (p *provider) allocateIP() int {
 	return 0
 }
 
-// markBootstrapReady does what the kubeadm bootstrap provider does once the
-// Machine owns the KubeadmConfig: write the bootstrap data Secret and report
-// it. The data is a placeholder; no host boots from it.
-func (p *provider) markBootstrapReady(ctx context.Context, machine *clusterv1.Machine) error {
-	name := machine.Spec.Bootstrap.ConfigRef.Name
-	if name == "" {
-		return nil
-	}
-	config := &bootstrapv1.KubeadmConfig{}
-	if err := p.c.Get(ctx, client.ObjectKey{Namespace: machine.Namespace, Name: name}, config); err != nil {
-		return client.IgnoreNotFound(err)
-	}
-	if ptr.Deref(config.Status.Initialization.DataSecretCreated, false) {
-		return nil
-	}
-	data := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: config.Namespace,
-			Name:      config.Name,
-			Labels:    map[string]string{clusterv1.ClusterNameLabel: p.s.opts.ClusterName},
-			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: bootstrapv1.GroupVersion.String(),
-				Kind:       "KubeadmConfig",
-				Name:       config.Name,
-				UID:        config.UID,
-				Controller: ptr.To(true),
-			}},
-		},
-		Type: clusterv1.ClusterSecretType,
-		Data: map[string][]byte{
-			"value":  []byte("#cloud-config\n# simulated: no host boots from this\n"),
-			"format": []byte(bootstrapv1.CloudConfig),
-		},
-	}
-	if err := p.c.Create(ctx, data); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	patch := client.MergeFrom(config.DeepCopy())
-	config.Status.Initialization.DataSecretCreated = ptr.To(true)
-	config.Status.DataSecretName = data.Name
-	config.Status.ObservedGeneration = config.Generation
-	now := metav1.Now()
-	for _, t := range []string{bootstrapv1.KubeadmConfigReadyCondition, bootstrapv1.KubeadmConfigDataSecretAvailableCondition} {
-		meta := metav1.Condition{Type: t, Status: metav1.ConditionTrue, Reason: "Simulated", LastTransitionTime: now, ObservedGeneration: config.Generation}
-		setCondition(&config.Status.Conditions, meta)
-	}
-	return p.c.Status().Patch(ctx, config, patch)
-}
-
-func setCondition(list *[]metav1.Condition, c metav1.Condition) {
-	for i := range *list {
-		if (*list)[i].Type == c.Type {
-			(*list)[i] = c
-			return
-		}
-	}
-	*list = append(*list, c)
-}
-
 // provision brings a node up in the order a real host does — static pods and
 // etcd before the kubelet registers the Node as Ready — and then reports the
 // InfraMachine provisioned: Node first, then spec.providerID, then
@@ -325,15 +281,20 @@ func setCondition(list *[]metav1.Condition, c metav1.Condition) {
 func (p *provider) provision(ctx context.Context, im *unstructured.Unstructured, machine *clusterv1.Machine, n *Node) error {
 	w := p.s.workload
 	version := machine.Spec.Version
+	// A worker (kubeadm join without --control-plane) runs no etcd member
+	// and no static pods, and its Node carries no control-plane role.
+	controlPlane := util.IsControlPlaneMachine(machine)
 
 	// The member starts before anything names the node: when its address is
 	// taken by a process outside the simulator, the node moves to another
 	// address and name without leaving objects behind.
-	if err := p.startMember(ctx, n); err != nil {
-		if errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use") {
-			p.moveAddress(n)
+	if controlPlane {
+		if err := p.startMember(ctx, n); err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use") {
+				p.moveAddress(n)
+			}
+			return err
 		}
-		return err
 	}
 
 	node := &corev1.Node{}
@@ -341,21 +302,15 @@ func (p *provider) provision(ctx context.Context, im *unstructured.Unstructured,
 	if apierrors.IsNotFound(err) {
 		node = &corev1.Node{
 			ObjectMeta: metav1.ObjectMeta{
-				Name: n.Name,
-				Labels: map[string]string{
-					corev1.LabelHostname:                                      n.Name,
-					corev1.LabelOSStable:                                      "linux",
-					"node-role.kubernetes.io/control-plane":                   "",
-					"node.kubernetes.io/exclude-from-external-load-balancers": "",
-				},
+				Name:   n.Name,
+				Labels: map[string]string{corev1.LabelHostname: n.Name, corev1.LabelOSStable: "linux"},
 			},
-			Spec: corev1.NodeSpec{
-				ProviderID: n.ProviderID,
-				Taints: []corev1.Taint{{
-					Key:    "node-role.kubernetes.io/control-plane",
-					Effect: corev1.TaintEffectNoSchedule,
-				}},
-			},
+			Spec: corev1.NodeSpec{ProviderID: n.ProviderID},
+		}
+		if controlPlane {
+			node.Labels["node-role.kubernetes.io/control-plane"] = ""
+			node.Labels["node.kubernetes.io/exclude-from-external-load-balancers"] = ""
+			node.Spec.Taints = []corev1.Taint{{Key: "node-role.kubernetes.io/control-plane", Effect: corev1.TaintEffectNoSchedule}}
 		}
 		err = w.Create(ctx, node)
 	}
@@ -363,8 +318,10 @@ func (p *provider) provision(ctx context.Context, im *unstructured.Unstructured,
 		return fmt.Errorf("creating Node %s: %w", n.Name, err)
 	}
 
-	if err := p.ensureStaticPods(ctx, n, version); err != nil {
-		return err
+	if controlPlane {
+		if err := p.ensureStaticPods(ctx, n, version); err != nil {
+			return err
+		}
 	}
 	if n.kubelet == nil {
 		ip := n.IP

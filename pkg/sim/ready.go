@@ -16,6 +16,7 @@ import (
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 )
 
 // Nodes returns the simulated hosts that hold a capacity slot or are
@@ -113,8 +114,10 @@ func (s *Sim) EtcdClient(ctx context.Context, endpoints ...string) (*clientv3.Cl
 
 // Ready reports whether the control plane is settled: as many Machines as the
 // KCP wants, none deleting, each with a nodeRef, and etcd members matching
-// the Machines one to one, named after their nodes, voting and healthy. The
-// string says what is missing when it is not.
+// the Machines one to one, named after their nodes, voting and healthy; the
+// MachineHealthCheck, if any, has found each healthy; and the workers, if
+// any, all have their nodes. The string says what is missing
+// when it is not.
 func (s *Sim) Ready(ctx context.Context) (bool, string, error) {
 	kcp := &controlplanev1.KubeadmControlPlane{}
 	if err := s.mgmt.Get(ctx, s.KCPKey(), kcp); err != nil {
@@ -153,6 +156,50 @@ func (s *Sim) Ready(ctx context.Context) (bool, string, error) {
 			return false, fmt.Sprintf("etcd member %s is a learner", m.Name), nil
 		case !m.Healthy:
 			return false, fmt.Sprintf("etcd member %s is unhealthy", m.Name), nil
+		}
+	}
+	if !s.opts.WithoutMachineHealthCheck {
+		// Its first verdict is a write to each Machine: until then the
+		// cluster is not at rest.
+		for _, m := range machines {
+			if !conditions.IsTrue(&m, clusterv1.MachineHealthCheckSucceededCondition) {
+				return false, fmt.Sprintf("the MachineHealthCheck has not found machine %s healthy", m.Name), nil
+			}
+		}
+	}
+	return s.workersReady(ctx)
+}
+
+// Workers lists the Cluster's worker Machines.
+func (s *Sim) Workers(ctx context.Context) ([]clusterv1.Machine, error) {
+	list := &clusterv1.MachineList{}
+	if err := s.mgmt.List(ctx, list, client.InNamespace(s.opts.Namespace), client.MatchingLabels{
+		clusterv1.ClusterNameLabel: s.opts.ClusterName,
+	}); err != nil {
+		return nil, err
+	}
+	var out []clusterv1.Machine
+	for _, m := range list.Items {
+		if _, cp := m.Labels[clusterv1.MachineControlPlaneLabel]; !cp {
+			out = append(out, m)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// workersReady: as many worker Machines as Options.Workers, each with a node.
+func (s *Sim) workersReady(ctx context.Context) (bool, string, error) {
+	workers, err := s.Workers(ctx)
+	if err != nil {
+		return false, "", err
+	}
+	if len(workers) != int(s.opts.Workers) {
+		return false, fmt.Sprintf("%d worker machines, want %d", len(workers), s.opts.Workers), nil
+	}
+	for _, m := range workers {
+		if !m.Status.NodeRef.IsDefined() {
+			return false, fmt.Sprintf("worker machine %s has no nodeRef", m.Name), nil
 		}
 	}
 	return true, "", nil

@@ -23,6 +23,7 @@ import (
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 )
 
 // Options configure a simulator. The zero value of every field means its default.
@@ -53,6 +54,17 @@ type Options struct {
 	// WithoutKCP leaves the KubeadmControlPlane controller out: nothing serves
 	// the kcp-cleanup pre-terminate hook or reconciles the KCP.
 	WithoutKCP bool
+
+	// Workers is how many worker machines a MachineDeployment
+	// (<cluster>-md-0) keeps: nodes without etcd or static pods, that the
+	// real MachineDeployment and MachineSet controllers create and roll.
+	// 0 means none.
+	Workers int32
+
+	// WithoutMachineHealthCheck leaves out the MachineHealthCheck that
+	// Cluster API's documentation recommends for a KCP control plane (a
+	// machine whose node is not Ready for 5 minutes is remediated by KCP).
+	WithoutMachineHealthCheck bool
 
 	// AddressPrefix is the first three octets of the nodes' loopback
 	// addresses (<prefix>.2, <prefix>.3, ...). Default "127.0.0". Simulators
@@ -101,6 +113,8 @@ func (o *Options) defaults() error {
 	switch {
 	case o.Replicas < 0:
 		return fmt.Errorf("replicas must be positive, got %d", o.Replicas)
+	case o.Workers < 0:
+		return fmt.Errorf("workers must be 0 (none) or more, got %d", o.Workers)
 	case o.Capacity < 0:
 		return fmt.Errorf("capacity must be 0 (unlimited) or positive, got %d", o.Capacity)
 	case o.Capacity > 0 && o.Capacity < int(o.Replicas):
@@ -125,8 +139,8 @@ func (o *Options) defaults() error {
 }
 
 // Sim is a running simulator: a management and a workload cluster (each a real
-// kube-apiserver and etcd), the real Machine and KCP controllers, and the
-// simulated infrastructure + bootstrap provider. Stop releases everything.
+// kube-apiserver and etcd), Cluster API's real controllers and webhooks, and
+// the simulated infrastructure provider. Stop releases everything.
 type Sim struct {
 	opts Options
 
@@ -158,7 +172,8 @@ type Sim struct {
 }
 
 // Scheme is the management cluster's scheme: client-go's types and the
-// Cluster API v1beta2 core, kubeadm control plane and bootstrap types.
+// Cluster API v1beta2 core, kubeadm control plane, bootstrap and runtime
+// extension types.
 func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
@@ -167,6 +182,7 @@ func Scheme() *runtime.Scheme {
 		clusterv1.AddToScheme,
 		controlplanev1.AddToScheme,
 		bootstrapv1.AddToScheme,
+		runtimev1.AddToScheme,
 	} {
 		if err := add(s); err != nil {
 			panic(err)
@@ -199,19 +215,28 @@ func Start(ctx context.Context, opts Options) (_ *Sim, err error) {
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 
-	if err := s.createManagementObjects(ctx); err != nil {
-		return nil, err
-	}
 	if err := s.createWorkloadObjects(ctx); err != nil {
 		return nil, err
 	}
-	if err := s.startControllers(ctx, runCtx); err != nil {
+	if err := s.createAddons(ctx); err != nil {
 		return nil, err
 	}
-	if err := s.markClusterInitialized(ctx); err != nil {
+	// Cluster API's controllers serve the admission webhooks that the
+	// management objects pass through, so they start first; the provider
+	// needs the cluster's certificates.
+	if err := s.startCAPI(ctx, runCtx); err != nil {
+		return nil, err
+	}
+	if err := s.createManagementObjects(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.startProvider(ctx, runCtx); err != nil {
 		return nil, err
 	}
 	if err := s.createInitialMachines(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.resumeKCP(ctx); err != nil {
 		return nil, err
 	}
 	s.opts.Log.Info("controllers running, initial machines created", "took", time.Since(began).String())

@@ -40,7 +40,11 @@ import (
 //   - voting etcd members never fall below quorum of the current membership,
 //     nor below minHealthy healthy voters;
 //   - no machine starts deleting while its member leads;
-//   - no machine's infrastructure starts deleting while its member is listed.
+//   - no machine's infrastructure starts deleting while its member is listed;
+//   - the control plane's MachineHealthCheck marks no machine unhealthy (its
+//     node is not Ready for 5 minutes, or never appears within 10: no
+//     scenario injects a fault that long, so a mark means the rollout left
+//     a machine behind).
 type monitor struct {
 	e                       *env
 	maxMachines, minHealthy int
@@ -51,6 +55,7 @@ type monitor struct {
 	lowHealthy int
 	deleting   map[string]bool // machines seen deleting
 	infraGoing map[string]bool // machines whose InfraMachine was seen deleting
+	unhealthy  map[string]bool // machines seen marked unhealthy
 	samples    int
 	cache      ctrlcache.Cache
 	etcd       *etcd.Client
@@ -83,7 +88,7 @@ func watchInvariants(t *testing.T, e *env, maxMachines, minHealthy int) *monitor
 		t.Fatal(err)
 	}
 	m := &monitor{e: e, maxMachines: maxMachines, minHealthy: minHealthy, lowHealthy: 1 << 30,
-		deleting: map[string]bool{}, infraGoing: map[string]bool{}, cache: cache, etcd: ec, stop: cancel, done: make(chan struct{})}
+		deleting: map[string]bool{}, infraGoing: map[string]bool{}, unhealthy: map[string]bool{}, cache: cache, etcd: ec, stop: cancel, done: make(chan struct{})}
 	go func() { _ = cache.Start(ctx) }()
 	// A machine already deleting when the watch begins was deleted by the
 	// scenario itself (it may well be the leader's): only deletions that start
@@ -213,6 +218,12 @@ func (m *monitor) sample(ctx context.Context) {
 	for i := range machines {
 		mc := &machines[i]
 		node := mc.Status.NodeRef.Name
+		// A deleting machine's node goes away before it does, and the check
+		// says so; that is the deletion, not a machine left behind.
+		if c := conditions.Get(mc, clusterv1.MachineHealthCheckSucceededCondition); mc.DeletionTimestamp.IsZero() &&
+			c != nil && c.Status == metav1.ConditionFalse && !m.seen(m.unhealthy, mc.Name) {
+			m.breach("the MachineHealthCheck marks machine %s unhealthy: %s", mc.Name, c.Message)
+		}
 		if !mc.DeletionTimestamp.IsZero() && !m.seen(m.deleting, mc.Name) {
 			if mb, ok := member(node); ok && mb.Leader {
 				m.breach("machine %s started deleting while its member %s leads", mc.Name, mb)

@@ -221,8 +221,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		restore()
 	}
 	// Clusters the tool must not take over: siblings of demo sharing its
-	// KubeadmControlPlane and workload cluster, so a wrong take-over would
-	// show in demo's resourceVersions.
+	// workload cluster, each refused for what its Cluster says.
 	sibling(t, e, "stopped", func(c *clusterv1.Cluster) { c.Spec.Paused = ptr.To(true) })
 	expect([]string{"upgrade", "stopped", "--version", to}, 3, "cluster stopped is paused")
 	sibling(t, e, "classy", func(c *clusterv1.Cluster) {
@@ -252,8 +251,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 	assertUnchanged(t, paused, versions(t, e))
 }
 
-// sibling creates a Cluster named name that shares demo's KubeadmControlPlane,
-// kubeconfig and etcd CA, changed by mutate.
+// sibling creates a Cluster named name that shares demo's kubeconfig and
+// etcd CA, changed by mutate, with a KubeadmControlPlane of its own (demo's
+// spec, no machines, held by a finalizer so that a Cluster deletion cannot
+// take it away). Its infrastructure reference names nothing: the real
+// Cluster controller would otherwise claim demo's as its own too.
 func sibling(t *testing.T, e *env, name string, mutate func(*clusterv1.Cluster)) *clusterv1.Cluster {
 	t.Helper()
 	ctx, c := context.Background(), e.Sim.ManagementClient()
@@ -272,6 +274,15 @@ func sibling(t *testing.T, e *env, name string, mutate func(*clusterv1.Cluster))
 		}
 	}
 	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: demo.Namespace, Name: name}, Spec: *demo.Spec.DeepCopy()}
+	cluster.Spec.ControlPlaneRef.Name = name + "-control-plane"
+	cluster.Spec.InfrastructureRef.Name = name
+	kcp := &controlplanev1.KubeadmControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Namespace: demo.Namespace, Name: cluster.Spec.ControlPlaneRef.Name, Finalizers: []string{"e2e.cp-rollout.io/hold"}},
+		Spec:       kcpOf(t, e).Spec,
+	}
+	if err := c.Create(ctx, kcp); err != nil {
+		t.Fatal(err)
+	}
 	mutate(cluster)
 	if err := c.Create(ctx, cluster); err != nil {
 		t.Fatal(err)
