@@ -76,6 +76,9 @@ type Workload interface {
 	// PrepareRollout updates what kubeadm reads on the workload cluster before
 	// machines of a new version join, as KCP does.
 	PrepareRollout(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, etcdManaged bool) error
+	// KubeProxyBehind says how kube-proxy differs from what KCP makes of it
+	// once the machines are done, or "" when it does not.
+	KubeProxyBehind(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) (string, error)
 }
 
 // Etcd is what the engine needs of etcd; *etcd.Client provides it.

@@ -65,6 +65,10 @@ type scripted struct {
 
 	// lease is the cluster's Lease, if any.
 	lease *coordinationv1.Lease
+	// kubeProxyBehind is what KubeProxyBehind says for its next
+	// kubeProxyReads calls; "" after them.
+	kubeProxyBehind string
+	kubeProxyReads  int
 
 	// What an invariant monitor would see, sampled after every change.
 	maxMachines, minHealthyVoters int
@@ -140,6 +144,17 @@ func (f *scripted) NodeByProviderID(_ context.Context, providerID string) (strin
 		}
 	}
 	return "", nil
+}
+
+func (f *scripted) KubeProxyBehind(context.Context, *controlplanev1.KubeadmControlPlane) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.trace = append(f.trace, "kube-proxy")
+	if f.kubeProxyReads == 0 {
+		return "", nil
+	}
+	f.kubeProxyReads--
+	return f.kubeProxyBehind, nil
 }
 
 func (f *scripted) Members(context.Context, []etcd.Node) ([]etcd.Member, error) {

@@ -56,7 +56,8 @@ func Unsettled(cp *kcpstate.ControlPlane) []string {
 }
 
 // awaitSettled waits, after the hand-back, until KCP has reconciled and
-// agrees the rollout is done (Unsettled), reporting what it still waits for.
+// agrees the rollout is done (Unsettled) and has done what it does in that
+// reconcile, retag kube-proxy, reporting what it still waits for.
 // KCP creating or deleting a machine meanwhile means it found a rollout of
 // its own to do: that ends the wait at once. Either failure is exit 4; the
 // hand-back itself stands.
@@ -87,10 +88,17 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string) (err err
 					return exitcode.Timeoutf("KCP deleted machine %s after the hand-back: it found a rollout of its own to do", n)
 				}
 			}
-			unsettled = Unsettled(cp)
+			if unsettled = Unsettled(cp); len(unsettled) == 0 {
+				switch behind, err := e.Workload.KubeProxyBehind(ctx, cp.KCP); {
+				case err != nil:
+					unsettled = []string{"cannot read kube-proxy: " + err.Error()}
+				case behind != "":
+					unsettled = []string{behind}
+				}
+			}
 		}
 		if len(unsettled) == 0 {
-			st.done(fmt.Sprintf("KCP reports every machine at %s and up to date", cp.KCP.Spec.Version))
+			st.done(fmt.Sprintf("KCP reports every machine at %s and up to date, and kube-proxy follows", cp.KCP.Spec.Version))
 			return nil
 		}
 		if unsettled[0] != awaited {

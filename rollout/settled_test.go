@@ -67,12 +67,7 @@ func TestUnsettledUntilKCPAgrees(t *testing.T) {
 // TestAwaitSettledRidesOutUnreadableReads: after the hand-back, reads that
 // fail for a moment delay the answer; they do not fail a finished rollout.
 func TestAwaitSettledRidesOutUnreadableReads(t *testing.T) {
-	f := newScripted(world(machineSpec{}, machineSpec{}, machineSpec{}))
-	kcp := f.world.CP.KCP
-	kcp.Status.Versions = []clusterv1.StatusVersion{{Version: kcp.Spec.Version, Replicas: 3}}
-	for _, m := range f.world.CP.Machines {
-		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineUpToDateCondition, Status: metav1.ConditionTrue, Reason: clusterv1.MachineUpToDateReason})
-	}
+	f := settledWorld()
 	f.readErrs = 2
 	e, ev := engineFor(f, Timeouts{Handback: 10 * time.Second})
 	if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names()); err != nil {
@@ -81,4 +76,34 @@ func TestAwaitSettledRidesOutUnreadableReads(t *testing.T) {
 	if !ev.find("await-kcp", progress.Waiting, "cannot read the control plane") || !ev.find("await-kcp", progress.Done, "up to date") {
 		t.Errorf("events do not show the failed reads waited out, then KCP's agreement")
 	}
+}
+
+// TestAwaitSettledWaitsForKubeProxy: KCP retags kube-proxy in the reconcile
+// that finds the machines done; until the workload cluster shows it, the
+// rollout is not done, however settled KCP's status looks.
+func TestAwaitSettledWaitsForKubeProxy(t *testing.T) {
+	f := settledWorld()
+	f.kubeProxyBehind, f.kubeProxyReads = "kube-proxy runs registry.k8s.io/kube-proxy:v1.35.2", 2
+	e, ev := engineFor(f, Timeouts{Handback: 10 * time.Second})
+	if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names()); err != nil {
+		t.Fatalf("awaitSettled: %v", err)
+	}
+	if f.kubeProxyReads != 0 {
+		t.Errorf("settled with kube-proxy still behind (%d reads left)", f.kubeProxyReads)
+	}
+	if !ev.find("await-kcp", progress.Waiting, "kube-proxy runs") || !ev.find("await-kcp", progress.Done, "kube-proxy follows") {
+		t.Errorf("events do not show the wait for kube-proxy, then the agreement")
+	}
+}
+
+// settledWorld is three machines that KCP, reconciled since the hand-back,
+// reports all at the target and up to date.
+func settledWorld() *scripted {
+	f := newScripted(world(machineSpec{}, machineSpec{}, machineSpec{}))
+	kcp := f.world.CP.KCP
+	kcp.Status.Versions = []clusterv1.StatusVersion{{Version: kcp.Spec.Version, Replicas: 3}}
+	for _, m := range f.world.CP.Machines {
+		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineUpToDateCondition, Status: metav1.ConditionTrue, Reason: clusterv1.MachineUpToDateReason})
+	}
+	return f
 }

@@ -9,9 +9,11 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/go-logr/logr"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	// Client auth plugins (exec, OIDC …) so any kubeconfig kubectl accepts works here.
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/cp-rollout/cp-rollout/pkg/cli"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -26,6 +28,11 @@ func run() int {
 	// resumable state. A second signal falls through to the default and kills us.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Cluster API's code that the tool runs (KCP's failure-domain choice,
+	// for one) logs through controller-runtime's logger. The tool reports
+	// through its own reporter; left unset, controller-runtime prints a
+	// warning with a stack trace on stderr 30 s into a run.
+	ctrllog.SetLogger(logr.Discard())
 
 	streams := genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}
 	err := cli.Run(ctx, streams, os.Args[1:])

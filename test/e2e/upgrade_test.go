@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
@@ -37,6 +39,9 @@ func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 	if r.Code != 0 {
 		t.Fatalf("upgrade exit %d", r.Code)
 	}
+	if strings.Contains(r.Stderr, "goroutine") || strings.Contains(r.Stderr, "SetLogger") {
+		t.Errorf("stderr carries a library's warning with its stack:\n%s", simtest.Tail(r.Stderr, 20))
+	}
 	evs := simtest.Events(t, r.Stdout)
 	for _, ev := range evs {
 		for _, k := range []string{"time", "cluster", "namespace", "action", "phase"} {
@@ -60,6 +65,13 @@ func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 		conditions.IsTrue(kcp, clusterv1.PausedCondition) {
 		t.Errorf("at exit KCP reports generation %d of %d, versions %v, Paused %v; want the current spec, 3 machines at %s, not paused",
 			kcp.Status.ObservedGeneration, kcp.Generation, v, conditions.IsTrue(kcp, clusterv1.PausedCondition), to)
+	}
+	// ... and has already moved kube-proxy, which it does in that reconcile.
+	proxy := &appsv1.DaemonSet{}
+	if err := e.Sim.WorkloadClient().Get(ctx, client.ObjectKey{Namespace: metav1.NamespaceSystem, Name: "kube-proxy"}, proxy); err != nil {
+		t.Fatal(err)
+	} else if img := proxy.Spec.Template.Spec.Containers[0].Image; img != "registry.k8s.io/kube-proxy:"+to {
+		t.Errorf("at exit kube-proxy runs %s, want KCP's retag to %s", img, to)
 	}
 	// It counts the run's round trips to each cluster and to etcd.
 	if req, _ := evs[len(evs)-1]["requests"].(map[string]any); req == nil ||
