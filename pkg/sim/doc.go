@@ -8,11 +8,13 @@
 //   - the Cluster API v1beta2 CRDs (core, kubeadm control plane and bootstrap,
 //     embedded from package manifests with their contract labels) and the
 //     generic infrastructure CRDs of cluster-api's util/test/builder;
-//   - the real Cluster, Machine and MachineHealthCheck reconcilers, the real
-//     kubeadm bootstrap (KubeadmConfig) reconciler and the real
-//     KubeadmControlPlane reconciler, in managers wired as their main.go
-//     files wire them, and a MachineHealthCheck on the control plane as
-//     Cluster API's documentation recommends;
+//   - the real ClusterClass and topology, Cluster, Machine, MachineSet,
+//     MachineDeployment and MachineHealthCheck reconcilers, the real kubeadm
+//     bootstrap (KubeadmConfig) reconciler and the real KubeadmControlPlane
+//     reconciler, in managers wired as their main.go files wire them, and a
+//     MachineHealthCheck on the control plane as Cluster API's documentation
+//     recommends; Options.Workers adds a MachineDeployment of workers and
+//     Options.Topology makes the Cluster a ClusterClass's;
 //   - Cluster API's admission webhooks (core, kubeadm bootstrap and control
 //     plane) with the providers' webhook configurations (package manifests),
 //     served from the core manager: one local server for all three, where
@@ -30,16 +32,18 @@
 // Cluster in a namespace of its own with its own provider, workload cluster,
 // members and nodes.
 //
-// The simulated part is provider.go: an infrastructure provider that, once the
-// kubeadm bootstrap controller has written the machine's bootstrap data, after
-// Options.ProvisionDelay and within Options.Capacity, gives an InfraMachine
-// its host (Node, mirror static pods, kubelet stand-in, etcd
+// The simulated part is provider.go: an infrastructure provider that reports
+// the infrastructure cluster provisioned (with Options.FailureDomains) and,
+// once the kubeadm bootstrap controller has written a machine's bootstrap
+// data, after Options.ProvisionDelay and within Options.Capacity, gives an
+// InfraMachine its host (Node, mirror static pods, kubelet stand-in, etcd
 // member joined as a learner and promoted as kubeadm does) and, after
 // Options.DeleteDelay, takes it away when the InfraMachine is deleted.
 //
 // What stands in for something that does not run here:
-//   - the initial machines are created at once, while the KCP is still
-//     paused, with KCP's own desiredstate code and field owner (the tool's
+//   - the initial machines are created at once, while the KCP (on a topology
+//     cluster, the one the topology controller made) is still paused, with
+//     KCP's own desiredstate code and field owner (the tool's
 //     controlplane.CreateMachine, the code that creates its replacements),
 //     where KCP would add them one by one; with Options.WithoutKCP the
 //     simulator also reports the KCP initialized, as KCP would;

@@ -139,6 +139,7 @@ func managementEnvironment(apiServerBin, etcdBin, assetsDir string) (*envtest.En
 	}
 	crdList = append(crdList,
 		builder.GenericInfrastructureClusterCRD.DeepCopy(),
+		builder.GenericInfrastructureClusterTemplateCRD.DeepCopy(),
 		builder.GenericInfrastructureMachineCRD.DeepCopy(),
 		builder.GenericInfrastructureMachineTemplateCRD.DeepCopy(),
 	)

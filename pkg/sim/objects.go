@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -57,9 +58,11 @@ func (s *Sim) workloadEndpoint() (string, int32, error) {
 }
 
 // createManagementObjects creates what clusterctl and a cluster template would
-// have created: the provider Deployments, the Cluster with its KCP and machine
-// template, the certificate and kubeconfig Secrets. The KCP starts paused, so
-// that it leaves the initial machines to createInitialMachines.
+// have created: the provider Deployments, the Cluster with its control plane
+// (a KCP, or with Options.Topology a ClusterClass the topology controller
+// makes the KCP from), the certificate and kubeconfig Secrets, the workers
+// and the MachineHealthCheck. The KCP is paused before it can act, so that
+// it leaves the initial machines to createInitialMachines.
 func (s *Sim) createManagementObjects(ctx context.Context) error {
 	c := s.mgmt
 	if err := ensureNamespace(ctx, c, s.opts.Namespace); err != nil {
@@ -68,39 +71,8 @@ func (s *Sim) createManagementObjects(ctx context.Context) error {
 	if err := s.createProviderDeployments(ctx); err != nil {
 		return err
 	}
-
-	infraCluster := &unstructured.Unstructured{}
-	infraCluster.SetGroupVersionKind(builder.InfrastructureGroupVersion.WithKind(builder.GenericInfrastructureClusterKind))
-	infraCluster.SetNamespace(s.opts.Namespace)
-	infraCluster.SetName(s.opts.ClusterName)
-	if err := c.Create(ctx, infraCluster); err != nil {
-		return fmt.Errorf("creating the infrastructure cluster: %w", err)
-	}
-	if err := unstructured.SetNestedField(infraCluster.Object, true, "status", "initialization", "provisioned"); err != nil {
+	if err := s.createInfraTemplate(ctx, builder.GenericInfrastructureMachineTemplateKind, s.infraTemplateName()); err != nil {
 		return err
-	}
-	if domains := s.failureDomains(); len(domains) > 0 {
-		var list []any
-		for _, fd := range domains {
-			list = append(list, map[string]any{"name": fd.Name, "controlPlane": true})
-		}
-		if err := unstructured.SetNestedSlice(infraCluster.Object, list, "status", "failureDomains"); err != nil {
-			return err
-		}
-	}
-	if err := c.Status().Update(ctx, infraCluster); err != nil {
-		return fmt.Errorf("marking the infrastructure cluster provisioned: %w", err)
-	}
-
-	template := &unstructured.Unstructured{}
-	template.SetGroupVersionKind(builder.InfrastructureGroupVersion.WithKind(builder.GenericInfrastructureMachineTemplateKind))
-	template.SetNamespace(s.opts.Namespace)
-	template.SetName(s.infraTemplateName())
-	if err := unstructured.SetNestedMap(template.Object, map[string]any{"spec": map[string]any{}}, "spec", "template"); err != nil {
-		return err
-	}
-	if err := c.Create(ctx, template); err != nil {
-		return fmt.Errorf("creating the infrastructure machine template: %w", err)
 	}
 
 	host, port, err := s.workloadEndpoint()
@@ -109,49 +81,30 @@ func (s *Sim) createManagementObjects(ctx context.Context) error {
 	}
 	cluster := &clusterv1.Cluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: s.opts.ClusterName},
-		Spec: clusterv1.ClusterSpec{
-			ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: host, Port: port},
-			ControlPlaneRef: clusterv1.ContractVersionedObjectReference{
-				APIGroup: controlplanev1.GroupVersion.Group,
-				Kind:     "KubeadmControlPlane",
-				Name:     s.kcpName(),
-			},
-			InfrastructureRef: clusterv1.ContractVersionedObjectReference{
-				APIGroup: builder.InfrastructureGroupVersion.Group,
-				Kind:     builder.GenericInfrastructureClusterKind,
-				Name:     s.opts.ClusterName,
-			},
-		},
+		Spec:       clusterv1.ClusterSpec{ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: host, Port: port}},
+	}
+	if s.opts.Topology {
+		if err := s.createClusterClass(ctx); err != nil {
+			return err
+		}
+		cluster.Spec.Topology = s.topology()
+	} else {
+		infraCluster := &unstructured.Unstructured{}
+		infraCluster.SetGroupVersionKind(infraClusterGVK)
+		infraCluster.SetNamespace(s.opts.Namespace)
+		infraCluster.SetName(s.opts.ClusterName)
+		if err := c.Create(ctx, infraCluster); err != nil {
+			return fmt.Errorf("creating the infrastructure cluster: %w", err)
+		}
+		cluster.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
+			APIGroup: builder.InfrastructureGroupVersion.Group, Kind: builder.GenericInfrastructureClusterKind, Name: s.opts.ClusterName,
+		}
+		cluster.Spec.ControlPlaneRef = clusterv1.ContractVersionedObjectReference{
+			APIGroup: controlplanev1.GroupVersion.Group, Kind: "KubeadmControlPlane", Name: s.opts.ClusterName + "-control-plane",
+		}
 	}
 	if err := c.Create(ctx, cluster); err != nil {
 		return fmt.Errorf("creating the Cluster: %w", err)
-	}
-
-	kcp := s.desiredKCP()
-	if err := c.Create(ctx, kcp); err != nil {
-		return fmt.Errorf("creating the KubeadmControlPlane: %w", err)
-	}
-	if s.opts.Workers > 0 {
-		if err := s.createWorkers(ctx); err != nil {
-			return err
-		}
-	}
-	if !s.opts.WithoutMachineHealthCheck {
-		if err := c.Create(ctx, s.controlPlaneHealthCheck()); err != nil {
-			return fmt.Errorf("creating the control plane's MachineHealthCheck: %w", err)
-		}
-	}
-
-	// KCP generates the cluster certificates on its first reconcile and owns
-	// them; doing it here with the same code lets the initial machines and
-	// etcd members exist before KCP runs (and when it does not run at all).
-	owner := *metav1.NewControllerRef(kcp, controlplanev1.GroupVersion.WithKind("KubeadmControlPlane"))
-	certificates := secret.NewCertificatesForInitialControlPlane(&kcp.Spec.KubeadmConfigSpec.ClusterConfiguration)
-	if err := certificates.Generate(); err != nil {
-		return fmt.Errorf("generating cluster certificates: %w", err)
-	}
-	if err := certificates.SaveGenerated(ctx, c, s.ClusterKey(), owner); err != nil {
-		return fmt.Errorf("saving cluster certificates: %w", err)
 	}
 
 	// The kubeconfig Secret is a user-provided one (type Opaque), so KCP
@@ -175,7 +128,167 @@ func (s *Sim) createManagementObjects(ctx context.Context) error {
 	if err := c.Create(ctx, kubeconfig); err != nil {
 		return fmt.Errorf("creating the kubeconfig Secret: %w", err)
 	}
+
+	kcp, err := s.pausedKCP(ctx)
+	if err != nil {
+		return err
+	}
+	s.kcpName = kcp.Name
+
+	// KCP generates the cluster certificates on its first reconcile and owns
+	// them; doing it here with the same code lets the initial machines and
+	// etcd members exist before KCP runs (and when it does not run at all).
+	owner := *metav1.NewControllerRef(kcp, controlplanev1.GroupVersion.WithKind("KubeadmControlPlane"))
+	certificates := secret.NewCertificatesForInitialControlPlane(&kcp.Spec.KubeadmConfigSpec.ClusterConfiguration)
+	if err := certificates.Generate(); err != nil {
+		return fmt.Errorf("generating cluster certificates: %w", err)
+	}
+	if err := certificates.SaveGenerated(ctx, c, s.ClusterKey(), owner); err != nil {
+		return fmt.Errorf("saving cluster certificates: %w", err)
+	}
+
+	if s.opts.Workers > 0 && !s.opts.Topology {
+		if err := s.createWorkers(ctx); err != nil {
+			return err
+		}
+	}
+	if !s.opts.WithoutMachineHealthCheck {
+		if err := c.Create(ctx, s.controlPlaneHealthCheck()); err != nil {
+			return fmt.Errorf("creating the control plane's MachineHealthCheck: %w", err)
+		}
+	}
 	return nil
+}
+
+// pausedKCP is the Cluster's KubeadmControlPlane, paused: created so, or,
+// on a topology cluster, as the topology controller created it, paused at
+// once. KCP cannot act before: it waits for the infrastructure, which the
+// simulated provider, not yet started, provisions.
+func (s *Sim) pausedKCP(ctx context.Context) (*controlplanev1.KubeadmControlPlane, error) {
+	if !s.opts.Topology {
+		kcp := s.desiredKCP()
+		if err := s.mgmt.Create(ctx, kcp); err != nil {
+			return nil, fmt.Errorf("creating the KubeadmControlPlane: %w", err)
+		}
+		return kcp, nil
+	}
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	for {
+		cluster := &clusterv1.Cluster{}
+		if err := s.mgmt.Get(ctx, s.ClusterKey(), cluster); err != nil {
+			return nil, err
+		}
+		if ref := cluster.Spec.ControlPlaneRef; ref.IsDefined() {
+			err := s.mgmt.Get(ctx, client.ObjectKey{Namespace: s.opts.Namespace, Name: ref.Name}, kcp)
+			if err == nil {
+				break
+			}
+			if !apierrors.IsNotFound(err) {
+				return nil, err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for the topology controller to create the KubeadmControlPlane: %w", context.Cause(ctx))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	patch := client.MergeFrom(kcp.DeepCopy())
+	if kcp.Annotations == nil {
+		kcp.Annotations = map[string]string{}
+	}
+	kcp.Annotations[clusterv1.PausedAnnotation] = ""
+	if err := s.mgmt.Patch(ctx, kcp, patch); err != nil {
+		return nil, fmt.Errorf("pausing the KubeadmControlPlane: %w", err)
+	}
+	return kcp, nil
+}
+
+// createInfraTemplate creates an empty template of the generic
+// infrastructure provider: its machines and clusters need no settings.
+func (s *Sim) createInfraTemplate(ctx context.Context, kind, name string) error {
+	t := &unstructured.Unstructured{}
+	t.SetGroupVersionKind(builder.InfrastructureGroupVersion.WithKind(kind))
+	t.SetNamespace(s.opts.Namespace)
+	t.SetName(name)
+	if err := unstructured.SetNestedMap(t.Object, map[string]any{"spec": map[string]any{}}, "spec", "template"); err != nil {
+		return err
+	}
+	if err := s.mgmt.Create(ctx, t); err != nil {
+		return fmt.Errorf("creating %s %s: %w", kind, name, err)
+	}
+	return nil
+}
+
+// workerClass is the ClusterClass's one MachineDeployment class.
+const workerClass = "default-worker"
+
+// className names the ClusterClass of a topology cluster.
+func (s *Sim) className() string { return s.opts.ClusterName + "-class" }
+
+// createClusterClass creates a ClusterClass and its templates as a
+// ClusterClass author would: the infrastructure cluster, the KCP and its
+// machines, and one worker class.
+func (s *Sim) createClusterClass(ctx context.Context) error {
+	name := s.className()
+	if err := s.createInfraTemplate(ctx, builder.GenericInfrastructureClusterTemplateKind, name); err != nil {
+		return err
+	}
+	if err := s.createInfraTemplate(ctx, builder.GenericInfrastructureMachineTemplateKind, s.workersName()); err != nil {
+		return err
+	}
+	kcpTemplate := &controlplanev1.KubeadmControlPlaneTemplate{
+		ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: name},
+		Spec: controlplanev1.KubeadmControlPlaneTemplateSpec{Template: controlplanev1.KubeadmControlPlaneTemplateResource{
+			Spec: controlplanev1.KubeadmControlPlaneTemplateResourceSpec{KubeadmConfigSpec: s.desiredKCP().Spec.KubeadmConfigSpec},
+		}},
+	}
+	if err := s.mgmt.Create(ctx, kcpTemplate); err != nil {
+		return fmt.Errorf("creating the KubeadmControlPlaneTemplate: %w", err)
+	}
+	bootstrap := &bootstrapv1.KubeadmConfigTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: s.workersName()}}
+	if err := s.mgmt.Create(ctx, bootstrap); err != nil {
+		return fmt.Errorf("creating the workers' KubeadmConfigTemplate: %w", err)
+	}
+	ref := func(apiVersion, kind, name string) clusterv1.ClusterClassTemplateReference {
+		return clusterv1.ClusterClassTemplateReference{APIVersion: apiVersion, Kind: kind, Name: name}
+	}
+	infraVersion := builder.InfrastructureGroupVersion.String()
+	class := &clusterv1.ClusterClass{
+		ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: name},
+		Spec: clusterv1.ClusterClassSpec{
+			Infrastructure: clusterv1.InfrastructureClass{TemplateRef: ref(infraVersion, builder.GenericInfrastructureClusterTemplateKind, name)},
+			ControlPlane: clusterv1.ControlPlaneClass{
+				TemplateRef: ref(controlplanev1.GroupVersion.String(), "KubeadmControlPlaneTemplate", name),
+				MachineInfrastructure: clusterv1.ControlPlaneClassMachineInfrastructureTemplate{
+					TemplateRef: ref(infraVersion, builder.GenericInfrastructureMachineTemplateKind, s.infraTemplateName()),
+				},
+			},
+			Workers: clusterv1.WorkersClass{MachineDeployments: []clusterv1.MachineDeploymentClass{{
+				Class:          workerClass,
+				Bootstrap:      clusterv1.MachineDeploymentClassBootstrapTemplate{TemplateRef: ref(bootstrapv1.GroupVersion.String(), "KubeadmConfigTemplate", s.workersName())},
+				Infrastructure: clusterv1.MachineDeploymentClassInfrastructureTemplate{TemplateRef: ref(infraVersion, builder.GenericInfrastructureMachineTemplateKind, s.workersName())},
+			}}},
+		},
+	}
+	if err := s.mgmt.Create(ctx, class); err != nil {
+		return fmt.Errorf("creating the ClusterClass: %w", err)
+	}
+	return nil
+}
+
+// topology is the Cluster's managed topology: the version, the control
+// plane's replicas and, with workers, one MachineDeployment md-0.
+func (s *Sim) topology() clusterv1.Topology {
+	t := clusterv1.Topology{
+		ClassRef:     clusterv1.ClusterClassRef{Name: s.className()},
+		Version:      s.opts.Version,
+		ControlPlane: clusterv1.ControlPlaneTopology{Replicas: ptr.To(s.opts.Replicas)},
+	}
+	if s.opts.Workers > 0 {
+		t.Workers.MachineDeployments = []clusterv1.MachineDeploymentTopology{{Class: workerClass, Name: "md-0", Replicas: ptr.To(s.opts.Workers)}}
+	}
+	return t
 }
 
 // desiredKCP is the KubeadmControlPlane as a user would write it; its
@@ -184,7 +297,7 @@ func (s *Sim) desiredKCP() *controlplanev1.KubeadmControlPlane {
 	return &controlplanev1.KubeadmControlPlane{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace:   s.opts.Namespace,
-			Name:        s.kcpName(),
+			Name:        s.opts.ClusterName + "-control-plane",
 			Annotations: map[string]string{clusterv1.PausedAnnotation: ""},
 		},
 		Spec: controlplanev1.KubeadmControlPlaneSpec{
@@ -302,15 +415,8 @@ func (s *Sim) workersName() string { return s.opts.ClusterName + "-md-0" }
 // templates its machines are made from.
 func (s *Sim) createWorkers(ctx context.Context) error {
 	name := s.workersName()
-	infra := &unstructured.Unstructured{}
-	infra.SetGroupVersionKind(builder.InfrastructureGroupVersion.WithKind(builder.GenericInfrastructureMachineTemplateKind))
-	infra.SetNamespace(s.opts.Namespace)
-	infra.SetName(name)
-	if err := unstructured.SetNestedMap(infra.Object, map[string]any{"spec": map[string]any{}}, "spec", "template"); err != nil {
+	if err := s.createInfraTemplate(ctx, builder.GenericInfrastructureMachineTemplateKind, name); err != nil {
 		return err
-	}
-	if err := s.mgmt.Create(ctx, infra); err != nil {
-		return fmt.Errorf("creating the workers' infrastructure template: %w", err)
 	}
 	bootstrap := &bootstrapv1.KubeadmConfigTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: name}}
 	if err := s.mgmt.Create(ctx, bootstrap); err != nil {
@@ -349,7 +455,7 @@ func (s *Sim) controlPlaneHealthCheck() *clusterv1.MachineHealthCheck {
 		return clusterv1.UnhealthyNodeCondition{Type: corev1.NodeReady, Status: status, TimeoutSeconds: ptr.To(int32(300))}
 	}
 	return &clusterv1.MachineHealthCheck{
-		ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: s.kcpName() + "-unhealthy-5m"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: s.opts.ClusterName + "-control-plane-unhealthy-5m"},
 		Spec: clusterv1.MachineHealthCheckSpec{
 			ClusterName: s.opts.ClusterName,
 			Selector:    metav1.LabelSelector{MatchLabels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}},
@@ -440,4 +546,7 @@ func ensureNamespace(ctx context.Context, c client.Client, name string) error {
 	return nil
 }
 
-var infraMachineGVK = builder.InfrastructureGroupVersion.WithKind(builder.GenericInfrastructureMachineKind)
+var (
+	infraMachineGVK = builder.InfrastructureGroupVersion.WithKind(builder.GenericInfrastructureMachineKind)
+	infraClusterGVK = builder.InfrastructureGroupVersion.WithKind(builder.GenericInfrastructureClusterKind)
+)

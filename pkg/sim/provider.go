@@ -132,7 +132,51 @@ func (s *Sim) newProviderManager() (ctrl.Manager, error) {
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(infraMachineOf)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(p)
+	if err != nil {
+		return nil, err
+	}
+	infraCluster := &unstructured.Unstructured{}
+	infraCluster.SetGroupVersionKind(infraClusterGVK)
+	err = builder.ControllerManagedBy(mgr).
+		Named("simulated-infrastructure-cluster").
+		For(infraCluster).
+		Complete(reconcile.Func(p.reconcileCluster))
 	return mgr, err
+}
+
+// reconcileCluster provisions the Cluster's infrastructure cluster, as a
+// provider does once the Cluster owns it: there is nothing to build, only
+// the control-plane failure domains to report.
+func (p *provider) reconcileCluster(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	ic := &unstructured.Unstructured{}
+	ic.SetGroupVersionKind(infraClusterGVK)
+	if err := p.c.Get(ctx, req.NamespacedName, ic); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	owned := false
+	for _, o := range ic.GetOwnerReferences() {
+		owned = owned || (o.Kind == "Cluster" && o.Name == p.s.opts.ClusterName)
+	}
+	if req.Namespace != p.s.opts.Namespace || !owned || !ic.GetDeletionTimestamp().IsZero() {
+		return reconcile.Result{}, nil
+	}
+	if done, _, _ := unstructured.NestedBool(ic.Object, "status", "initialization", "provisioned"); done {
+		return reconcile.Result{}, nil
+	}
+	patch := client.MergeFrom(ic.DeepCopy())
+	if err := unstructured.SetNestedField(ic.Object, true, "status", "initialization", "provisioned"); err != nil {
+		return reconcile.Result{}, err
+	}
+	var domains []any
+	for _, fd := range p.s.failureDomains() {
+		domains = append(domains, map[string]any{"name": fd.Name, "controlPlane": true})
+	}
+	if len(domains) > 0 {
+		if err := unstructured.SetNestedSlice(ic.Object, domains, "status", "failureDomains"); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	return reconcile.Result{}, p.c.Status().Patch(ctx, ic, patch)
 }
 
 // infraMachineOf maps a Machine to its InfraMachine, as providers do to see

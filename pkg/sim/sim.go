@@ -55,6 +55,12 @@ type Options struct {
 	// the kcp-cleanup pre-terminate hook or reconciles the KCP.
 	WithoutKCP bool
 
+	// Topology makes the Cluster a topology cluster: a ClusterClass
+	// (<cluster>-class) with its templates, and the version, replicas and
+	// workers in Cluster.spec.topology; the real topology controller creates
+	// and owns the KCP and the workers' MachineDeployment.
+	Topology bool
+
 	// Workers is how many worker machines a MachineDeployment
 	// (<cluster>-md-0) keeps: nodes without etcd or static pods, that the
 	// real MachineDeployment and MachineSet controllers create and roll.
@@ -125,6 +131,8 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("failure domains must be 0 (none) or more, got %d", o.FailureDomains)
 	case o.Management != nil && o.AuditLog != "":
 		return errors.New("an audit log needs a management cluster of the simulator's own")
+	case o.Topology && o.WithoutKCP:
+		return errors.New("a topology cluster needs the KCP controller")
 	case o.Management != nil && o.WithoutKCP:
 		return errors.New("leaving the KCP controller out needs a management cluster of the simulator's own")
 	}
@@ -143,6 +151,9 @@ func (o *Options) defaults() error {
 // the simulated infrastructure provider. Stop releases everything.
 type Sim struct {
 	opts Options
+	// kcpName is the KubeadmControlPlane's: <cluster>-control-plane, or on a
+	// topology cluster the name the topology controller gave it.
+	kcpName string
 
 	mgmtEnv     *envtest.Environment
 	workloadEnv *envtest.Environment
@@ -409,10 +420,8 @@ func (s *Sim) ClusterKey() client.ObjectKey {
 
 // KCPKey is the namespace and name of the Cluster's KubeadmControlPlane.
 func (s *Sim) KCPKey() client.ObjectKey {
-	return client.ObjectKey{Namespace: s.opts.Namespace, Name: s.kcpName()}
+	return client.ObjectKey{Namespace: s.opts.Namespace, Name: s.kcpName}
 }
-
-func (s *Sim) kcpName() string { return s.opts.ClusterName + "-control-plane" }
 
 // ManagementConfig is an admin rest.Config for the management cluster.
 func (s *Sim) ManagementConfig() *rest.Config { return rest.CopyConfig(s.mgmtConfig) }

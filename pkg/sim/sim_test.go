@@ -92,6 +92,29 @@ func TestControlPlaneLifecycle(t *testing.T) {
 		}
 	})
 
+	t.Run("each machine booted from the bootstrap data the kubeadm bootstrap controller wrote", func(t *testing.T) {
+		for _, m := range machines {
+			config := &bootstrapv1.KubeadmConfig{}
+			if err := c.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.Bootstrap.ConfigRef.Name}, config); err != nil {
+				t.Fatal(err)
+			}
+			data := &corev1.Secret{}
+			if err := c.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: config.Status.DataSecretName}, data); err != nil {
+				t.Fatalf("machine %s: bootstrap data %q: %v", m.Name, config.Status.DataSecretName, err)
+			}
+			if !strings.Contains(string(data.Data["value"]), "kubeadm ") || m.Spec.Bootstrap.DataSecretName == nil || *m.Spec.Bootstrap.DataSecretName != data.Name {
+				t.Errorf("machine %s: bootstrap data %s is not kubeadm's cloud-config, or not the machine's", m.Name, data.Name)
+			}
+			node := &corev1.Node{}
+			if err := s.WorkloadClient().Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, node); err != nil {
+				t.Fatal(err)
+			}
+			if node.CreationTimestamp.Before(&data.CreationTimestamp) {
+				t.Errorf("machine %s: node %s registered at %s, before its bootstrap data existed (%s)", m.Name, node.Name, node.CreationTimestamp, data.CreationTimestamp)
+			}
+		}
+	})
+
 	t.Run("the MachineHealthCheck finds every control-plane machine healthy", func(t *testing.T) {
 		simtest.Eventually(t, time.Minute, "the MachineHealthCheck's verdict on 3 machines", func(ctx context.Context) (bool, string, error) {
 			list := &clusterv1.MachineHealthCheckList{}
@@ -342,12 +365,15 @@ func TestCapacityHoldsBackSurgeMachine(t *testing.T) {
 // changes nothing; every member is reachable by port-forward through the
 // workload API server; the management API server can restart under the
 // controllers; and a new spec.version makes the real KCP roll every machine,
-// keeping one per failure domain.
+// keeping one per failure domain, and then move kube-proxy and CoreDNS as it
+// does after a rollout.
 func TestKCPOnItsOwn(t *testing.T) {
 	t.Parallel()
 	s := simtest.StartOwn(t, sim.Options{Replicas: 3, Workers: 2, FailureDomains: 3, ProvisionDelay: 200 * time.Millisecond, DeleteDelay: 200 * time.Millisecond}).Sim
 	ctx := context.Background()
 	c := s.ManagementClient()
+
+	t.Run("the initial machines spread one per failure domain", func(t *testing.T) { onePerDomain(t, s) })
 
 	t.Run("the MachineDeployment's two workers join without etcd or the control-plane role", func(t *testing.T) {
 		workers, err := s.Workers(ctx)
@@ -443,12 +469,18 @@ func TestKCPOnItsOwn(t *testing.T) {
 
 	t.Run("a new spec.version makes KCP roll every machine", func(t *testing.T) {
 		const target = "v1.36.3"
+		corefile := addonsBefore(t, s.WorkloadClient(), s.Options().Version)
 		kcp := &controlplanev1.KubeadmControlPlane{}
 		if err := c.Get(ctx, s.KCPKey(), kcp); err != nil {
 			t.Fatal(err)
 		}
+		dns, err := sim.CoreDNSVersion(target)
+		if err != nil {
+			t.Fatal(err)
+		}
 		updated := kcp.DeepCopy()
 		updated.Spec.Version = target
+		updated.Spec.KubeadmConfigSpec.ClusterConfiguration.DNS.ImageTag = dns // as kubeadm pairs them
 		if err := c.Patch(ctx, updated, client.MergeFrom(kcp)); err != nil {
 			t.Fatal(err)
 		}
@@ -468,18 +500,27 @@ func TestKCPOnItsOwn(t *testing.T) {
 		})
 		t.Logf("KCP rolled 3 machines to %s in %.1fs", target, time.Since(began).Seconds())
 		// The baseline the tool is held to: KCP keeps one machine per domain.
-		machines, err := s.Machines(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		domains := map[string]int{}
-		for _, m := range machines {
-			domains[m.Spec.FailureDomain]++
-		}
-		if len(domains) != 3 || domains["fd-1"] != 1 || domains["fd-2"] != 1 || domains["fd-3"] != 1 {
-			t.Errorf("after KCP's roll, machines per failure domain %v; want one in each of fd-1, fd-2, fd-3", domains)
-		}
+		onePerDomain(t, s)
+		// What KCP does once the machines are done: kube-proxy, CoreDNS.
+		addonsFollow(t, s.WorkloadClient(), target, corefile)
 	})
+}
+
+// onePerDomain fails unless the control plane has one machine in each of
+// the failure domains fd-1, fd-2 and fd-3.
+func onePerDomain(t *testing.T, s *sim.Sim) {
+	t.Helper()
+	machines, err := s.Machines(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	domains := map[string]int{}
+	for _, m := range machines {
+		domains[m.Spec.FailureDomain]++
+	}
+	if len(domains) != 3 || domains["fd-1"] != 1 || domains["fd-2"] != 1 || domains["fd-3"] != 1 {
+		t.Errorf("machines per failure domain %v; want one in each of fd-1, fd-2, fd-3", domains)
+	}
 }
 
 func machineUIDs(t *testing.T, s *sim.Sim) map[string]string {
