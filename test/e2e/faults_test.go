@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -213,4 +214,54 @@ func TestManagementAPIServerRestart(t *testing.T) {
 	}
 	mon.check(t)
 	assertConverged(t, e, 1, to)
+}
+
+// An etcd member of another machine stops while the tool serves a deleting
+// machine's pre-terminate hook, and comes back a few seconds later: the run
+// waits for it (a member that was healthy gets the recovery grace) and
+// finishes, with quorum kept throughout.
+func TestMemberRestartedWhileServingHook(t *testing.T) {
+	t.Parallel()
+	e := fastSim(t, 3)
+	mon := watchInvariants(t, e, 4, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
+	victim := stringOf(run.Until(t, isAction("delete", "done"))["machine"])
+	machines, err := e.Sim.Machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var node string
+	for _, m := range machines {
+		if m.Name != victim && m.Spec.Version == from && m.DeletionTimestamp.IsZero() {
+			node = m.Status.NodeRef.Name
+			break
+		}
+	}
+	if node == "" {
+		t.Fatalf("no other old machine beside %s: %s", victim, names(machines))
+	}
+	if err := e.Sim.StopMember(node); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second)
+	if err := e.Sim.RestartMember(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	var waitedFor []string
+	for ev := range run.Events {
+		if msg := stringOf(ev["message"]); ev["phase"] == "waiting" && strings.Contains(msg, node) {
+			waitedFor = append(waitedFor, fmt.Sprintf("%v: %s", ev["action"], msg))
+		}
+	}
+	if code := run.Wait(); code != 0 {
+		t.Fatalf("exit %d after member %s stopped for 5s while the hook of %s was served; stderr:\n%s", code, node, victim, simtest.Tail(run.Stderr(), 15))
+	}
+	if len(waitedFor) == 0 {
+		t.Errorf("the run never reported waiting for the stopped member on %s", node)
+	}
+	t.Logf("waited: %s", strings.Join(waitedFor, " | "))
+	mon.check(t)
+	assertConverged(t, e, 3, to)
 }
