@@ -78,10 +78,10 @@ func managerOptions(log logr.Logger, name string, cacheOpts ctrlcache.Options, c
 	}
 }
 
-// startCAPI starts, each in its own manager as in production, the Cluster
-// API core controllers (Cluster, Machine, MachineHealthCheck, and every
-// provider's admission webhooks) and the KCP controller unless disabled, and
-// returns once they serve. On a shared management cluster they are the
+// startCAPI starts, each provider in its own manager as in production,
+// Cluster API's core controllers (with every provider's admission webhooks),
+// the kubeadm bootstrap controller and, unless disabled, the KCP controller,
+// and returns once they serve. On a shared management cluster they are the
 // Management's, already running and watching every cluster on it as in
 // production. startCtx bounds waiting for them; runCtx ends them.
 func (s *Sim) startCAPI(startCtx, runCtx context.Context) error {
@@ -192,9 +192,10 @@ func uniqueManagerName(base string) string {
 
 // newCoreManager wires the ClusterClass and topology, Cluster, Machine,
 // MachineSet, MachineDeployment and MachineHealthCheck reconcilers as
-// core/main.go does with the ClusterTopology gate on: the ClusterCache with a Secret-caching
-// client and the core setup's cache and client options (its Node providerID
-// index is what nodeRef lookup uses), and the default indexes. Its webhook
+// core/main.go does with the ClusterTopology gate on: the ClusterCache with
+// a Secret-caching client and the core setup's cache and client options (its
+// Node providerID index is what nodeRef lookup uses), and the default
+// indexes. Its webhook
 // server serves the admission webhooks of all three providers (core, kubeadm
 // bootstrap, kubeadm control plane): in production each provider's process
 // serves its own, but envtest points every webhook configuration at one

@@ -33,12 +33,13 @@
 // members and nodes.
 //
 // The simulated part is provider.go: an infrastructure provider that reports
-// the infrastructure cluster provisioned (with Options.FailureDomains) and,
-// once the kubeadm bootstrap controller has written a machine's bootstrap
-// data, after Options.ProvisionDelay and within Options.Capacity, gives an
-// InfraMachine its host (Node, mirror static pods, kubelet stand-in, etcd
-// member joined as a learner and promoted as kubeadm does) and, after
-// Options.DeleteDelay, takes it away when the InfraMachine is deleted.
+// the infrastructure cluster provisioned (with Options.FailureDomains), gives
+// an InfraMachine a host within Options.Capacity and boots it (Node, mirror
+// static pods, kubelet stand-in, etcd member joined as a learner and promoted
+// as kubeadm does) once Options.ProvisionDelay has passed since then and the
+// kubeadm bootstrap controller has written the machine's bootstrap data, and,
+// after Options.DeleteDelay, takes the host away when the InfraMachine is
+// deleted.
 //
 // What stands in for something that does not run here:
 //   - the initial machines are created at once, while the KCP (on a topology
