@@ -373,7 +373,7 @@ func TestKCPOnItsOwn(t *testing.T) {
 	ctx := context.Background()
 	c := s.ManagementClient()
 
-	t.Run("the initial machines spread one per failure domain", func(t *testing.T) { onePerDomain(t, s) })
+	t.Run("the initial machines spread one per failure domain", func(t *testing.T) { simtest.AssertOnePerDomain(t, s) })
 
 	t.Run("the MachineDeployment's two workers join without etcd or the control-plane role", func(t *testing.T) {
 		workers, err := s.Workers(ctx)
@@ -500,27 +500,10 @@ func TestKCPOnItsOwn(t *testing.T) {
 		})
 		t.Logf("KCP rolled 3 machines to %s in %.1fs", target, time.Since(began).Seconds())
 		// The baseline the tool is held to: KCP keeps one machine per domain.
-		onePerDomain(t, s)
+		simtest.AssertOnePerDomain(t, s)
 		// What KCP does once the machines are done: kube-proxy, CoreDNS.
 		addonsFollow(t, s.WorkloadClient(), target, corefile)
 	})
-}
-
-// onePerDomain fails unless the control plane has one machine in each of
-// the failure domains fd-1, fd-2 and fd-3.
-func onePerDomain(t *testing.T, s *sim.Sim) {
-	t.Helper()
-	machines, err := s.Machines(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	domains := map[string]int{}
-	for _, m := range machines {
-		domains[m.Spec.FailureDomain]++
-	}
-	if len(domains) != 3 || domains["fd-1"] != 1 || domains["fd-2"] != 1 || domains["fd-3"] != 1 {
-		t.Errorf("machines per failure domain %v; want one in each of fd-1, fd-2, fd-3", domains)
-	}
 }
 
 func machineUIDs(t *testing.T, s *sim.Sim) map[string]string {

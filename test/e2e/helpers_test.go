@@ -50,26 +50,3 @@ func mustMachines(t *testing.T, e *env) []string {
 func etcdCAKey(e *env) client.ObjectKey {
 	return client.ObjectKey{Namespace: e.Sim.ClusterKey().Namespace, Name: secret.Name(e.Sim.ClusterKey().Name, secret.EtcdCA)}
 }
-
-// assertOnePerDomain: the control-plane machines are spread one per failure
-// domain, every domain used, as KCP places them and keeps them. Losing one
-// domain then loses one etcd member, never quorum.
-func assertOnePerDomain(t *testing.T, e *env) {
-	t.Helper()
-	machines, err := e.Sim.Machines(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	in := map[string][]string{}
-	for _, m := range machines {
-		in[m.Spec.FailureDomain] = append(in[m.Spec.FailureDomain], m.Name)
-	}
-	for fd, names := range in {
-		if fd == "" || len(names) != 1 {
-			t.Errorf("failure domain %q holds %v: want one machine in each", fd, names)
-		}
-	}
-	if want := e.Sim.Options().FailureDomains; len(in) != want {
-		t.Errorf("machines in %d failure domains (%v), want %d", len(in), in, want)
-	}
-}

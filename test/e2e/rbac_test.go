@@ -102,7 +102,7 @@ func TestLeastPrivilege(t *testing.T) {
 	assertConverged(t, e, 3, to)
 
 	// Each machine replaced in turn, its replacement in its failure domain.
-	assertOnePerDomain(t, e)
+	simtest.AssertOnePerDomain(t, e.Sim)
 	for i, victim := range mustMachines(t, e) {
 		surge := []string{"1", "0", "1"}[i]
 		max := map[string]int{"1": 4, "0": 3}[surge]
@@ -115,7 +115,7 @@ func TestLeastPrivilege(t *testing.T) {
 		if slices.Contains(mustMachines(t, e), victim) {
 			t.Fatalf("surge %s: %s still there", surge, victim)
 		}
-		assertOnePerDomain(t, e)
+		simtest.AssertOnePerDomain(t, e.Sim)
 		// A runbook re-running the finished replace (say, after a crash that
 		// hid its exit code) is told it is done, not that the machine is unknown.
 		if r := e.Plugin(t, ctx, as(operator, "replace", "demo", victim, "--max-surge", surge)...); r.Code != 0 || !strings.Contains(r.Stderr, "was replaced by") {

@@ -30,7 +30,7 @@ func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, FailureDomains: 3, Version: from, ProvisionDelay: 2 * time.Second, DeleteDelay: time.Second})
 	e.AwaitKCP = true
-	assertOnePerDomain(t, e)
+	simtest.AssertOnePerDomain(t, e.Sim)
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -81,7 +81,7 @@ func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 		t.Logf("requests: %v", req)
 	}
 	assertConverged(t, e, 3, to)
-	assertOnePerDomain(t, e)
+	simtest.AssertOnePerDomain(t, e.Sim)
 	assertKCPIdle(t, e)
 
 	// Re-running the finished upgrade has nothing to do.
@@ -116,7 +116,7 @@ func TestUpgradeThreeReplicasSurgeZero(t *testing.T) {
 		t.Fatalf("upgrade exit %d", r.Code)
 	}
 	assertConverged(t, e, 3, to)
-	assertOnePerDomain(t, e)
+	simtest.AssertOnePerDomain(t, e.Sim)
 }
 
 // The scenario of CAPI issue 2915: one replica, room for one more machine.
