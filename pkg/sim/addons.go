@@ -89,8 +89,8 @@ func kubeProxyImage(kubernetesVersion string) string {
 // createAddons creates in the workload cluster what kubeadm init leaves there
 // besides kubeadm-config and KCP reads or updates: kube-proxy and CoreDNS
 // with their ConfigMaps, the kubelet's base configuration and the
-// ClusterRoleBindings KCP ensures before a rollout. Nothing runs pods here, so
-// the DaemonSet and Deployment have none and no status; KCP reads neither.
+// ClusterRoleBindings KCP ensures before a rollout. Their pods are
+// addonPods' (addonpods.go).
 func (s *Sim) createAddons(ctx context.Context) error {
 	host, port, err := s.workloadEndpoint()
 	if err != nil {

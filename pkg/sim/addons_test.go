@@ -2,6 +2,7 @@ package sim_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -57,6 +58,7 @@ func addonsBefore(t *testing.T, w client.Client, from string) (initialCorefile s
 	if got := addonCoreDNSImage(dep); got != "registry.k8s.io/coredns/coredns:"+fromDNS {
 		t.Fatalf("CoreDNS image %q before the upgrade, want registry.k8s.io/coredns/coredns:%s", got, fromDNS)
 	}
+	addonPodsAt(t, w, "registry.k8s.io/kube-proxy:"+from, "registry.k8s.io/coredns/coredns:"+fromDNS)
 	initialCorefile = cm.Data["Corefile"]
 	addonCheckCorefile(t, initialCorefile, strings.TrimPrefix(fromDNS, "v"))
 	addonCheckConfigMaps(t, w)
@@ -91,6 +93,7 @@ func addonsFollow(t *testing.T, w client.Client, to, initialCorefile string) {
 		}
 		return true, "", nil
 	})
+	addonPodsAt(t, w, wantProxy, wantDNS)
 	dep, cm := addonCoreDNS(t, w)
 	addonCheckCorefile(t, cm.Data["Corefile"], strings.TrimPrefix(toDNS, "v"))
 	if got := cm.Data["Corefile-backup"]; got != initialCorefile {
@@ -123,6 +126,73 @@ func addonsFollow(t *testing.T, w client.Client, to, initialCorefile string) {
 	if err := w.Get(ctx, kubeletClient, &rbacv1.ClusterRoleBinding{}); err != nil {
 		t.Errorf("ClusterRoleBinding %s after the upgrade: %v, want KCP's", kubeletClient.Name, err)
 	}
+}
+
+// addonPodsAt waits until the add-ons' pods run the images given, as the
+// DaemonSet and Deployment controllers, the scheduler and the kubelets leave
+// them: one Running kube-proxy pod on every node and no other, CoreDNS's
+// replicas Running on nodes that exist and are not cordoned, and both
+// controllers' status saying so.
+func addonPodsAt(t *testing.T, w client.Client, proxyImage, dnsImage string) {
+	t.Helper()
+	simtest.Eventually(t, 2*time.Minute, "kube-proxy pods at "+proxyImage+", CoreDNS pods at "+dnsImage, func(ctx context.Context) (bool, string, error) {
+		nodes := &corev1.NodeList{}
+		if err := w.List(ctx, nodes); err != nil {
+			return false, "", err
+		}
+		schedulable := map[string]bool{}
+		for _, n := range nodes.Items {
+			schedulable[n.Name] = !n.Spec.Unschedulable
+		}
+		pods := &corev1.PodList{}
+		if err := w.List(ctx, pods, client.InNamespace("kube-system")); err != nil {
+			return false, "", err
+		}
+		proxies, dns := map[string]int{}, map[string]int{}
+		for _, p := range pods.Items {
+			running := p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil
+			switch p.Labels["k8s-app"] {
+			case "kube-proxy":
+				if !running || addonContainerImage(p.Spec, "kube-proxy") != proxyImage {
+					return false, "kube-proxy pod " + p.Name + " on " + p.Spec.NodeName + " at " + addonContainerImage(p.Spec, "kube-proxy") + ", " + string(p.Status.Phase), nil
+				}
+				proxies[p.Spec.NodeName]++
+			case "kube-dns":
+				if !running || addonContainerImage(p.Spec, "coredns") != dnsImage || !schedulable[p.Spec.NodeName] {
+					return false, "CoreDNS pod " + p.Name + " on " + p.Spec.NodeName + " at " + addonContainerImage(p.Spec, "coredns") + ", " + string(p.Status.Phase), nil
+				}
+				dns[p.Spec.NodeName]++
+			}
+		}
+		for _, n := range nodes.Items {
+			if proxies[n.Name] != 1 {
+				return false, fmt.Sprintf("%d kube-proxy pods on node %s", proxies[n.Name], n.Name), nil
+			}
+		}
+		if len(proxies) != len(nodes.Items) {
+			return false, fmt.Sprintf("kube-proxy pods on %d nodes, %d nodes", len(proxies), len(nodes.Items)), nil
+		}
+		dep, _ := addonCoreDNS(t, w)
+		total := 0
+		for _, n := range dns {
+			total += n
+		}
+		if want := int(*dep.Spec.Replicas); total != want {
+			return false, fmt.Sprintf("CoreDNS pods on %v, want %d", dns, want), nil
+		}
+		ds := &appsv1.DaemonSet{}
+		if err := w.Get(ctx, addonKey("kube-proxy"), ds); err != nil {
+			return false, "", err
+		}
+		if st := ds.Status; st.ObservedGeneration != ds.Generation || int(st.UpdatedNumberScheduled) != len(nodes.Items) ||
+			int(st.NumberReady) != len(nodes.Items) || st.DesiredNumberScheduled != st.NumberReady {
+			return false, fmt.Sprintf("kube-proxy DaemonSet status %+v", st), nil
+		}
+		if st := dep.Status; st.ObservedGeneration != dep.Generation || st.UpdatedReplicas != *dep.Spec.Replicas || st.AvailableReplicas != *dep.Spec.Replicas {
+			return false, fmt.Sprintf("CoreDNS Deployment status %+v", st), nil
+		}
+		return true, "", nil
+	})
 }
 
 // addonCheckConfigMaps: kube-proxy's and the kubelet's configuration are

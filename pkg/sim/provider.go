@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -428,6 +429,9 @@ func (p *provider) provision(ctx context.Context, im *unstructured.Unstructured,
 	if err := w.Status().Update(ctx, node); err != nil {
 		return fmt.Errorf("setting status of Node %s: %w", n.Name, err)
 	}
+	if err := liftNotReadyTaint(ctx, w, n.Name); err != nil {
+		return err
+	}
 
 	patch := client.MergeFrom(im.DeepCopy())
 	if err := unstructured.SetNestedField(im.Object, n.ProviderID, "spec", "providerID"); err != nil {
@@ -454,6 +458,32 @@ func (p *provider) provision(ctx context.Context, im *unstructured.Unstructured,
 	p.mu.Unlock()
 	p.s.opts.Log.Info("simulated machine provisioned", "machine", machine.Name, "node", n.Name, "ip", n.IP)
 	return nil
+}
+
+// liftNotReadyTaint removes the node.kubernetes.io/not-ready taint the API
+// server puts on every new Node, as kube-controller-manager's node lifecycle
+// controller does once the kubelet reports Ready: no controller manager runs
+// here, and pods without a toleration for it (CoreDNS's) would never be
+// scheduled.
+func liftNotReadyTaint(ctx context.Context, w client.Client, name string) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node := &corev1.Node{}
+		if err := w.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
+			return err
+		}
+		patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		kept := node.Spec.Taints[:0]
+		for _, t := range node.Spec.Taints {
+			if t.Key != corev1.TaintNodeNotReady {
+				kept = append(kept, t)
+			}
+		}
+		if len(kept) == len(node.Spec.Taints) {
+			return nil
+		}
+		node.Spec.Taints = kept
+		return w.Patch(ctx, node, patch)
+	})
 }
 
 // startMember starts the node's etcd member: the first one bootstraps the

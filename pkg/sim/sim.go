@@ -232,6 +232,9 @@ func Start(ctx context.Context, opts Options) (_ *Sim, err error) {
 	if err := s.createAddons(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.startAddonPods(ctx, runCtx); err != nil {
+		return nil, fmt.Errorf("running the add-ons' pods: %w", err)
+	}
 	// Cluster API's controllers serve the admission webhooks that the
 	// management objects pass through, so they start first; the provider
 	// needs the cluster's certificates.
