@@ -61,9 +61,15 @@ type ControlPlane interface {
 	LockedBy(lease *coordinationv1.Lease) error
 	BreakLock(ctx context.Context, force bool) (string, error)
 	Pause(ctx context.Context, rec controlplane.Record, timeout time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error)
-	SetTarget(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32) error
+	// SetTarget sets the target where its owner reads it: the KCP, or a
+	// topology Cluster (then it returns once the topology controller has
+	// written it into the KCP).
+	SetTarget(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32) error
 	Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	Complete(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
+	// MachineDeployments are the cluster's workers, which --wait-workers
+	// follows on a topology cluster.
+	MachineDeployments(ctx context.Context) ([]clusterv1.MachineDeployment, error)
 }
 
 // Workload is what the engine reads and writes on the workload cluster;

@@ -314,9 +314,8 @@ func HasCleanupHook(m *clusterv1.Machine) bool {
 // and is it still in its hands?
 
 // CheckTakeover refuses a control plane this tool must not pause: a deleting
-// or paused Cluster, one managed by a ClusterClass topology (the topology
-// controller would rewrite the spec we set), a KubeadmControlPlane paused by
-// someone else or with a remediation in progress.
+// or paused Cluster, a KubeadmControlPlane paused by someone else or with a
+// remediation in progress.
 func CheckTakeover(s *Snapshot) error {
 	cluster, kcp := s.CP.Cluster, s.CP.KCP
 	if !cluster.DeletionTimestamp.IsZero() {
@@ -325,10 +324,6 @@ func CheckTakeover(s *Snapshot) error {
 	if ptr.Deref(cluster.Spec.Paused, false) {
 		return exitcode.Unsafef("cluster %s is paused (spec.paused): the Machine controller is frozen too, so no machine could join or leave; unpause it first",
 			cluster.Name)
-	}
-	if cluster.Spec.Topology.IsDefined() {
-		return exitcode.Unsafef("cluster %s is managed by ClusterClass %s: change spec.topology on the Cluster instead",
-			cluster.Name, cluster.Spec.Topology.ClassRef.Name)
 	}
 	if err := PausedBySomeoneElse(s); err != nil {
 		return err
@@ -380,13 +375,22 @@ func StillOurs(s *Snapshot) error {
 	return nil
 }
 
-// TargetUnchanged stops a run whose KubeadmControlPlane asks for another
-// version than the run set: a run never finishes on a spec someone else
-// changed.
+// TargetUnchanged stops a run whose KubeadmControlPlane, or on a topology
+// cluster whose Cluster topology, asks for another version than the run set:
+// a run never finishes on a spec someone else changed. (While the KCP is
+// paused mid-rollout the topology controller holds a new topology version
+// back from the KCP, so the Cluster is where that change shows.)
 func TargetUnchanged(s *Snapshot, t Target) error {
-	if t.Version != "" && s.CP.KCP.Spec.Version != t.Version {
+	if t.Version == "" {
+		return nil
+	}
+	if s.CP.KCP.Spec.Version != t.Version {
 		return exitcode.Unsafef("KubeadmControlPlane %s asks for %s, not %s: someone changed it during the run",
 			s.CP.KCP.Name, s.CP.KCP.Spec.Version, t.Version)
+	}
+	if cluster := s.CP.Cluster; controlplane.ManagedByTopology(cluster) && cluster.Spec.Topology.Version != t.Version {
+		return exitcode.Unsafef("Cluster %s's topology asks for %s, not %s: someone changed it during the run",
+			cluster.Name, cluster.Spec.Topology.Version, t.Version)
 	}
 	return nil
 }

@@ -27,9 +27,6 @@ func TestCheckStateRefuses(t *testing.T) {
 	}{
 		{"a deleting Cluster", func(s *Snapshot) { s.CP.Cluster.DeletionTimestamp = ptr.To(metav1.Now()) }, "cluster demo is being deleted"},
 		{"a paused Cluster", func(s *Snapshot) { s.CP.Cluster.Spec.Paused = ptr.To(true) }, "cluster demo is paused"},
-		{"a topology-managed Cluster", func(s *Snapshot) {
-			s.CP.Cluster.Spec.Topology = clusterv1.Topology{ClassRef: clusterv1.ClusterClassRef{Name: "some-class"}, Version: "v1.35.2"}
-		}, "managed by ClusterClass some-class"},
 		{"a KCP paused by someone else", func(s *Snapshot) {
 			s.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
 		}, "paused by someone else"},
@@ -58,6 +55,27 @@ func TestCheckStateRefuses(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// On a topology cluster the Cluster is where a change of target shows while
+// the KCP is paused mid-rollout: the topology controller holds it back from
+// the KCP.
+func TestTargetUnchangedOnTopology(t *testing.T) {
+	target := Target{Operation: "upgrade", Version: "v1.36.3", Replicas: 3, MaxSurge: 1}
+	s := world(machineSpec{}, machineSpec{}, machineSpec{})
+	s.CP.KCP.Spec.Version = "v1.36.3"
+	s.CP.Cluster.Spec.Topology = clusterv1.Topology{ClassRef: clusterv1.ClusterClassRef{Name: "some-class"}, Version: "v1.36.3"}
+	if err := TargetUnchanged(s, target); err != nil {
+		t.Fatalf("topology and KCP at the target: %v", err)
+	}
+	s.CP.Cluster.Spec.Topology.Version = "v1.36.4"
+	if err := TargetUnchanged(s, target); exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "Cluster demo's topology asks for v1.36.4") {
+		t.Fatalf("topology moved on: exit %d %v; want exit 3 naming the Cluster", exitcode.Of(err), err)
+	}
+	s.CP.Cluster.Spec.Topology = clusterv1.Topology{}
+	if err := TargetUnchanged(s, target); err != nil {
+		t.Fatalf("no topology: %v", err)
+	}
 }
 
 func TestDesiredRefusesBadInput(t *testing.T) {

@@ -825,7 +825,7 @@ func (h *handover) Pause(_ context.Context, rec controlplane.Record, _ time.Dura
 	return h.world.CP.KCP, nil
 }
 
-func (h *handover) SetTarget(context.Context, *controlplanev1.KubeadmControlPlane, string, *int32) error {
+func (h *handover) SetTarget(context.Context, *clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, string, *int32) error {
 	h.record("set-target")
 	return h.setTargetErr
 }

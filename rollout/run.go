@@ -57,6 +57,10 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	if err != nil {
 		return nil, err
 	}
+	if e.Timeouts.Workers > 0 && !controlplane.ManagedByTopology(s.CP.Cluster) {
+		return nil, exitcode.Usagef("--wait-workers follows the topology controller's upgrade of the workers, and cluster %s has no ClusterClass topology: upgrade its MachineDeployments yourself",
+			s.CP.Cluster.Name)
+	}
 	rec, err := controlplane.RecordOf(s.CP.KCP)
 	if err != nil {
 		return nil, err
@@ -74,6 +78,12 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	projected, err := e.ControlPlane.WithKCP(ctx, s.CP, want)
 	if err != nil {
 		return nil, err
+	}
+	if controlplane.ManagedByTopology(projected.Cluster) {
+		// The target is set in the topology, and copied from there.
+		cluster := projected.Cluster.DeepCopy()
+		cluster.Spec.Topology.Version, cluster.Spec.Topology.ControlPlane.Replicas = want.Spec.Version, want.Spec.Replicas
+		projected.Cluster = cluster
 	}
 	future := *s
 	future.CP = projected
@@ -163,6 +173,11 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 			return err
 		}
 	}
+	if e.Timeouts.Workers > 0 && p.Target.Version != "" {
+		if err := e.awaitWorkers(runCtx, p.Target.Version, e.Timeouts.Workers); err != nil {
+			return err
+		}
+	}
 	e.summarize()
 	return nil
 }
@@ -193,7 +208,7 @@ func (e *Engine) takeOver(ctx context.Context, r Request) error {
 	if live, err = e.ControlPlane.Read(ctx); err != nil {
 		return err
 	}
-	if err := e.ControlPlane.SetTarget(ctx, live.KCP, r.Version, r.Replicas); err != nil {
+	if err := e.ControlPlane.SetTarget(ctx, live.Cluster, live.KCP, r.Version, r.Replicas); err != nil {
 		return e.targetRejected(ctx, live.KCP, pausedNow, err)
 	}
 	if live, err = e.ControlPlane.Read(ctx); err != nil {

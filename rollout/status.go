@@ -25,6 +25,8 @@ type Status struct {
 	Next         *NextStatus          `json:"next,omitempty"`
 	Errors       []string             `json:"errors,omitempty"`
 	Operation    *controlplane.Record `json:"operation"`
+	// Topology is the ClusterClass topology that manages the cluster, if any.
+	Topology *TopologyStatus `json:"topology,omitempty"`
 	// LastOperation is the last operation this tool finished on the cluster
 	// (its record, moved at hand-back), whoever ran it.
 	LastOperation *controlplane.Record `json:"lastOperation,omitempty"`
@@ -38,6 +40,14 @@ type ControlPlaneStatus struct {
 	Paused   bool   `json:"paused"`
 	// PausedByUs is true when the pause carries this tool's operation record.
 	PausedByUs bool `json:"pausedByUs"`
+}
+
+// TopologyStatus describes a Cluster's ClusterClass topology: where the
+// control plane's version and replicas are set.
+type TopologyStatus struct {
+	Class    string `json:"class"`
+	Version  string `json:"version"`
+	Replicas *int32 `json:"replicas,omitempty"`
 }
 
 // LockStatus describes the cluster's Lease.
@@ -100,6 +110,9 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 		ControlPlane: ControlPlaneStatus{Name: cp.KCP.Name, Version: cp.KCP.Spec.Version,
 			Replicas: ptr.Deref(cp.KCP.Spec.Replicas, 1), Paused: paused, PausedByUs: paused && rec != nil},
 		Machines: []MachineStatus{}, EtcdMembers: []MemberStatus{},
+	}
+	if t := cp.Cluster.Spec.Topology; controlplane.ManagedByTopology(cp.Cluster) {
+		st.Topology = &TopologyStatus{Class: t.ClassRef.Name, Version: t.Version, Replicas: t.ControlPlane.Replicas}
 	}
 
 	lease, err := e.ControlPlane.Lease(ctx)

@@ -27,6 +27,10 @@ type Timeouts struct {
 	// Handback bounds the wait after the hand-back until KCP has reconciled
 	// and agrees the rollout is done (Unsettled); 0 does not wait.
 	Handback time.Duration
+	// Workers, on a topology cluster, bounds the wait after that until the
+	// topology controller has upgraded every worker (WorkersBehind); 0 does
+	// not wait.
+	Workers time.Duration
 }
 
 // DefaultTimeouts are the flags' defaults.

@@ -106,6 +106,13 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 		state = "paused by someone else"
 	}
 	fmt.Fprintf(w, "CONTROL PLANE\t%s  %s  %d replicas  %s\n", cp.Name, cp.Version, cp.Replicas, state)
+	if t := st.Topology; t != nil {
+		replicas := ""
+		if t.Replicas != nil {
+			replicas = fmt.Sprintf("  %d replicas", *t.Replicas)
+		}
+		fmt.Fprintf(w, "TOPOLOGY\tClusterClass %s  %s%s (the topology controller sets the control plane's version and replicas from here)\n", t.Class, t.Version, replicas)
+	}
 	lock := "free"
 	if st.Lock != nil && st.Lock.Holder != "" {
 		lock = st.Lock.Holder

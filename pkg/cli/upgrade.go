@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"time"
+
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
@@ -11,11 +13,15 @@ import (
 // a new Kubernetes version.
 type UpgradeOptions struct {
 	changeOptions
+	// WaitWorkers follows the topology controller's worker upgrade after the
+	// hand-back, for up to WorkersTimeout.
+	WaitWorkers    bool
+	WorkersTimeout time.Duration
 }
 
 // NewUpgradeOptions returns the upgrade verb's defaults.
 func NewUpgradeOptions(streams genericiooptions.IOStreams) *UpgradeOptions {
-	return &UpgradeOptions{newChangeOptions(streams, "upgrade")}
+	return &UpgradeOptions{changeOptions: newChangeOptions(streams, "upgrade"), WorkersTimeout: 30 * time.Minute}
 }
 
 // NewCmdUpgrade returns the upgrade verb. runF, when set, replaces Run, so
@@ -33,9 +39,15 @@ its etcd member, wait until it is gone, repeat.
 
 The KubeadmControlPlane is paused while this runs and handed back at the end.
 If the run stops early, re-running the same command continues from where the
-cluster is.`,
+cluster is.
+
+On a cluster built from a ClusterClass the version is set in the Cluster's
+spec.topology, where the topology controller reads it; it writes the version
+into the KubeadmControlPlane and, after the hand-back, upgrades the workers
+(--wait-workers follows them).`,
 		Example: `  kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 -n clusters
-  kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 --max-surge 0 -o json`,
+  kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 --max-surge 0 -o json
+  kubectl cp-rollout upgrade staging-7 --version v1.36.3 --wait-workers`,
 		Args: clusterArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
@@ -43,6 +55,8 @@ cluster is.`,
 	}
 	o.addFlags(cmd)
 	cmd.Flags().StringVar(&o.Request.Version, "version", "", "The Kubernetes version to upgrade to, e.g. v1.36.3 (required)")
+	cmd.Flags().BoolVar(&o.WaitWorkers, "wait-workers", false, "On a ClusterClass (topology) cluster, also wait until the topology controller has upgraded every MachineDeployment to VERSION")
+	cmd.Flags().DurationVar(&o.WorkersTimeout, "workers-timeout", o.WorkersTimeout, "How long --wait-workers waits for the workers")
 	return cmd
 }
 
@@ -59,6 +73,15 @@ func (o *UpgradeOptions) Validate() error {
 	}
 	if err := validateTarget(o.Request); err != nil {
 		return err
+	}
+	if o.WaitWorkers {
+		if o.WorkersTimeout <= 0 {
+			return exitcode.Usagef("--workers-timeout must be positive, not %s", o.WorkersTimeout)
+		}
+		if o.NoWait {
+			return exitcode.Usagef("--wait-workers and --no-wait contradict each other: the workers follow the control plane only once KCP has taken it back")
+		}
+		o.Timeouts.Workers = o.WorkersTimeout
 	}
 	return o.validate()
 }

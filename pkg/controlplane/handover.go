@@ -166,28 +166,6 @@ func (c *Client) awaitUnpausedView(ctx context.Context, timeout time.Duration) e
 	return err
 }
 
-// SetTarget patches spec.version and spec.replicas (nil leaves a field alone).
-func (c *Client) SetTarget(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32) error {
-	spec := map[string]any{}
-	if version != "" && version != kcp.Spec.Version {
-		spec["version"] = version
-	}
-	if replicas != nil && (kcp.Spec.Replicas == nil || *kcp.Spec.Replicas != *replicas) {
-		spec["replicas"] = *replicas
-	}
-	if len(spec) == 0 {
-		return nil
-	}
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": kcp.UID}, "spec": spec})
-	if err != nil {
-		return err
-	}
-	if err := c.c.Patch(ctx, kcp, client.RawPatch("application/merge-patch+json", body)); err != nil {
-		return fmt.Errorf("setting the target on KubeadmControlPlane %s: %w", kcp.Name, err)
-	}
-	return nil
-}
-
 // Resume hands the control plane back to KCP: it removes the pause and the
 // record together, and only when the record is ours.
 func (c *Client) Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error {

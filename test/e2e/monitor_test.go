@@ -392,12 +392,12 @@ func orphans(t *testing.T, e *env) []string {
 	t.Helper()
 	ctx := context.Background()
 	c := e.Sim.ManagementClient()
-	machines, err := e.Sim.Machines(ctx)
-	if err != nil {
+	machines := &clusterv1.MachineList{} // workers' too
+	if err := c.List(ctx, machines, client.InNamespace(e.Sim.ClusterKey().Namespace)); err != nil {
 		t.Fatal(err)
 	}
 	exists := map[string]bool{}
-	for _, m := range machines {
+	for _, m := range machines.Items {
 		exists[m.Name] = true
 	}
 	infras := &unstructured.UnstructuredList{}

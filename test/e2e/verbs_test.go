@@ -198,6 +198,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{[]string{"upgrade", "nope", "--version", to}, 3, "cluster " + ns + "/nope not found"},
 		{[]string{"upgrade", "demo", "--version", to, "-n", "no-such-namespace"}, 3, "not found"},
 		{[]string{"upgrade", "no-kcp", "--version", to}, 3, "not a KubeadmControlPlane"},
+		{[]string{"upgrade", "demo", "--version", to, "--wait-workers"}, 2, "has no ClusterClass topology"},
 	} {
 		expect(tc.args, tc.code, tc.says)
 	}
@@ -224,10 +225,6 @@ func TestBadInputChangesNothing(t *testing.T) {
 	// workload cluster, each refused for what its Cluster says.
 	sibling(t, e, "stopped", func(c *clusterv1.Cluster) { c.Spec.Paused = ptr.To(true) })
 	expect([]string{"upgrade", "stopped", "--version", to}, 3, "cluster stopped is paused")
-	sibling(t, e, "classy", func(c *clusterv1.Cluster) {
-		c.Spec.Topology = clusterv1.Topology{ClassRef: clusterv1.ClusterClassRef{Name: "some-class"}, Version: from}
-	})
-	expect([]string{"upgrade", "classy", "--version", to}, 3, "managed by ClusterClass some-class")
 	doomed := sibling(t, e, "doomed", func(c *clusterv1.Cluster) { c.Finalizers = []string{"e2e.cp-rollout.io/hold"} })
 	if err := e.Sim.ManagementClient().Delete(ctx, doomed); err != nil {
 		t.Fatal(err)

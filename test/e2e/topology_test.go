@@ -1,0 +1,174 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	"github.com/cp-rollout/cp-rollout/pkg/sim"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
+)
+
+// A cluster built from a ClusterClass: the tool sets the target in the
+// Cluster's topology, rolls the control plane while the topology controller
+// holds the workers, hands back, and (with --wait-workers) follows the
+// topology controller's upgrade of the workers. Then scale up and down, and
+// a replace, on the same cluster.
+func TestTopologyCluster(t *testing.T) {
+	t.Parallel()
+	e := simtest.Start(t, sim.Options{Replicas: 3, Workers: 2, Topology: true, Version: from,
+		ProvisionDelay: 500 * time.Millisecond, DeleteDelay: 500 * time.Millisecond})
+	e.AwaitKCP = true
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	c := e.Sim.ManagementClient()
+	before := machineSet(t, e)
+
+	t.Run("upgrade with --wait-workers", func(t *testing.T) {
+		mon := watchInvariants(t, e, 4, 2)
+		r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to, "--wait-workers", "-o", "json")
+		mon.check(t)
+		if r.Code != 0 {
+			t.Fatalf("upgrade exit %d:\n%s", r.Code, simtest.Tail(r.Stderr, 20))
+		}
+		evs := simtest.Events(t, r.Stdout)
+		reported := map[string]bool{}
+		for _, ev := range evs {
+			if ev["action"] == "create" && ev["phase"] == "done" {
+				reported[ev["machine"].(string)] = true
+			}
+		}
+		// Every control-plane machine is one that was there or one the tool
+		// reported creating: KCP made none on its own.
+		for name := range machineSet(t, e) {
+			if !before[name] && !reported[name] {
+				t.Errorf("control-plane machine %s was created, but the tool reported creating only %v", name, reported)
+			}
+		}
+		if len(reported) != 3 {
+			t.Errorf("the tool reported creating %d machines, want 3", len(reported))
+		}
+		// The target went where the topology controller reads it.
+		cluster := &clusterv1.Cluster{}
+		if err := c.Get(ctx, e.Sim.ClusterKey(), cluster); err != nil {
+			t.Fatal(err)
+		}
+		if cluster.Spec.Topology.Version != to {
+			t.Errorf("Cluster spec.topology.version %s, want %s", cluster.Spec.Topology.Version, to)
+		}
+		// The run ended once the topology controller had upgraded the workers.
+		if last := evs[len(evs)-2]; last["action"] != "await-workers" || last["phase"] != "done" {
+			t.Errorf("next to last event %v, want the workers' upgrade done", last)
+		}
+		workers, err := e.Sim.Workers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range workers {
+			if w.Spec.Version != to || !w.DeletionTimestamp.IsZero() {
+				t.Errorf("at exit worker %s is at %s (deleting %v), want every worker at %s", w.Name, w.Spec.Version, !w.DeletionTimestamp.IsZero(), to)
+			}
+		}
+		if len(workers) != 2 {
+			t.Errorf("%d workers at exit, want 2", len(workers))
+		}
+		assertConverged(t, e, 3, to)
+		assertKCPIdle(t, e)
+		assertTopologySettled(t, e)
+	})
+
+	// The control-plane replicas live in the topology too. Scaling adds or
+	// removes one machine at a time: never more than 5.
+	for _, replicas := range []int32{5, 3} {
+		t.Run(fmt.Sprintf("scale to %d", replicas), func(t *testing.T) {
+			mon := watchInvariants(t, e, 5, 2)
+			r := e.Plugin(t, ctx, "scale", "demo", "--replicas", fmt.Sprint(replicas))
+			mon.check(t)
+			if r.Code != 0 {
+				t.Fatalf("scale exit %d:\n%s", r.Code, simtest.Tail(r.Stderr, 20))
+			}
+			cluster := &clusterv1.Cluster{}
+			if err := c.Get(ctx, e.Sim.ClusterKey(), cluster); err != nil {
+				t.Fatal(err)
+			}
+			if got := ptr.Deref(cluster.Spec.Topology.ControlPlane.Replicas, 0); got != replicas {
+				t.Errorf("Cluster spec.topology.controlPlane.replicas %d, want %d", got, replicas)
+			}
+			assertConverged(t, e, int(replicas), to)
+			assertKCPIdle(t, e)
+		})
+	}
+
+	t.Run("replace", func(t *testing.T) {
+		names := machineSet(t, e)
+		var victim string
+		for name := range names {
+			victim = name
+			break
+		}
+		mon := watchInvariants(t, e, 4, 2)
+		r := e.Plugin(t, ctx, "replace", "demo", victim)
+		mon.check(t)
+		if r.Code != 0 {
+			t.Fatalf("replace exit %d:\n%s", r.Code, simtest.Tail(r.Stderr, 20))
+		}
+		if machineSet(t, e)[victim] {
+			t.Errorf("machine %s still there after its replace", victim)
+		}
+		assertConverged(t, e, 3, to)
+		assertKCPIdle(t, e)
+	})
+
+	// status shows where the target is set.
+	if r := e.Plugin(t, ctx, "status", "demo"); r.Code != 0 || !strings.Contains(r.Stdout, "TOPOLOGY") || !strings.Contains(r.Stdout, "ClusterClass demo-class") {
+		t.Errorf("status: exit %d, want a TOPOLOGY line naming ClusterClass demo-class:\n%s", r.Code, r.Stdout)
+	}
+}
+
+func machineSet(t *testing.T, e *env) map[string]bool {
+	t.Helper()
+	machines, err := e.Sim.Machines(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, m := range machines {
+		names[m.Name] = true
+	}
+	return names
+}
+
+// assertTopologySettled waits until the topology controller reports the
+// Cluster reconciled with nothing pending: control plane and workers at the
+// topology's version.
+func assertTopologySettled(t *testing.T, e *env) {
+	t.Helper()
+	simtest.Eventually(t, 2*time.Minute, "the Cluster's topology reconciled", func(ctx context.Context) (bool, string, error) {
+		cluster := &clusterv1.Cluster{}
+		if err := e.Sim.ManagementClient().Get(ctx, e.Sim.ClusterKey(), cluster); err != nil {
+			return false, "", err
+		}
+		cond := conditions.Get(cluster, clusterv1.ClusterTopologyReconciledCondition)
+		if cond == nil || cond.Status != "True" || cond.ObservedGeneration != cluster.Generation {
+			return false, fmt.Sprintf("TopologyReconciled %+v", cond), nil
+		}
+		mds := &clusterv1.MachineDeploymentList{}
+		if err := e.Sim.ManagementClient().List(ctx, mds, client.InNamespace(e.Sim.ClusterKey().Namespace)); err != nil {
+			return false, "", err
+		}
+		for _, md := range mds.Items {
+			if v := md.Spec.Template.Spec.Version; v != cluster.Spec.Topology.Version {
+				return false, fmt.Sprintf("MachineDeployment %s at %s, the topology at %s", md.Name, v, cluster.Spec.Topology.Version), nil
+			}
+		}
+		return true, "", nil
+	})
+}
