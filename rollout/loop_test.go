@@ -853,7 +853,7 @@ func TestRejectedTargetIsHandedBackAtOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := &handover{scripted: newScripted(world(machineSpec{outdated: true})), setTargetErr: tc.err}
 			e := &Engine{ControlPlane: h, Workload: h, Etcd: h, Changes: h, Timeouts: fast}
-			err := e.takeOver(context.Background(), Request{Operation: "upgrade", Version: "v1.36.3"})
+			_, err := e.takeOver(context.Background(), Request{Operation: "upgrade", Version: "v1.36.3"}, "v1.36.3")
 			if exitcode.Of(err) != tc.code {
 				t.Fatalf("exit %d (%v), want %d", exitcode.Of(err), err, tc.code)
 			}

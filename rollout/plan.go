@@ -13,6 +13,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
@@ -26,26 +27,73 @@ const maxPlannedSteps = 200
 // second implementation of it. It stops at Done or at a refusal, which it
 // includes.
 func Plan(ctx context.Context, s *Snapshot, t Target) []Step {
-	s = s.clone()
+	steps, _ := project(ctx, s.clone(), t, 0)
+	return steps
+}
+
+// PlanHops is Plan for every hop of a prepared upgrade, from its first
+// remaining hop: after a hop's steps every machine runs that hop's version,
+// and the next hop finds them all outdated. The i-th list holds the steps of
+// p.Hops[p.FirstHop+i]; the lists stop at a refusal.
+func PlanHops(ctx context.Context, p *Prepared) [][]Step {
+	s, t := p.Snapshot.clone(), p.Target
+	var out [][]Step
+	made := 0
+	for i := p.FirstHop; i < len(p.Hops); i++ {
+		if i > p.FirstHop {
+			s = s.nextHop(p.Hops[i])
+			t.Version = p.Hops[i]
+		}
+		steps, n := project(ctx, s, t, made)
+		made += n
+		out = append(out, steps)
+		if len(steps) > 0 && steps[len(steps)-1].Action == Refuse {
+			break
+		}
+	}
+	return out
+}
+
+// project applies the steps towards t to s and returns them, and how many
+// machines it made (named new-<made+1>, ...).
+func project(ctx context.Context, s *Snapshot, t Target, made int) ([]Step, int) {
 	var steps []Step
 	for n := 0; n < maxPlannedSteps; n++ {
 		step := Next(ctx, s, t)
 		if step.Action == Done {
-			return steps
+			return steps, made
 		}
 		steps = append(steps, step)
 		switch step.Action {
 		case Refuse:
-			return steps
+			return steps, made
 		case Create:
-			s.join(fmt.Sprintf("new-%d", n+1), step.FailureDomain)
+			made++
+			s.join(fmt.Sprintf("new-%d", made), step.FailureDomain)
 		case AwaitJoin:
 			s.heal(step.Machine)
 		case Delete, ServeCleanupHook, AwaitDeletion:
 			s.remove(step.Machine)
 		}
 	}
-	return steps
+	return steps, made
+}
+
+// nextHop is s, its hop done, as the next hop to version finds it: the
+// KubeadmControlPlane (and a topology) asks for version, and every machine
+// is outdated.
+func (s *Snapshot) nextHop(version string) *Snapshot {
+	c := s.clone()
+	kcp := c.CP.KCP.DeepCopy()
+	kcp.Spec.Version = version
+	c.CP.KCP = kcp
+	if controlplane.ManagedByTopology(c.CP.Cluster) {
+		cluster := c.CP.Cluster.DeepCopy()
+		cluster.Spec.Topology.Version = version
+		c.CP.Cluster = cluster
+	}
+	c.CP.MachinesNotUpToDate = c.CP.Machines.Filter()
+	return c
 }
 
 // clone copies what a projection changes; machines themselves are only ever

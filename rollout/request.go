@@ -24,6 +24,9 @@ type Request struct {
 	// MaxSurge is 0 or 1; negative means the KubeadmControlPlane's own.
 	MaxSurge int32
 	Replace  string
+	// Via lists the versions an upgrade passes through before Version, in
+	// order, one rollout each (see Hops).
+	Via []string
 }
 
 // TargetString is the request's target for records and messages.
@@ -31,6 +34,9 @@ func (r Request) TargetString() string {
 	var parts []string
 	if r.Version != "" {
 		parts = append(parts, r.Version)
+		if len(r.Via) > 0 {
+			parts[len(parts)-1] += " via " + strings.Join(r.Via, ",")
+		}
 	}
 	if r.Replicas != nil {
 		parts = append(parts, fmt.Sprintf("replicas=%d", *r.Replicas))
@@ -71,7 +77,7 @@ func Desired(ctx context.Context, s *Snapshot, r Request) (*controlplanev1.Kubea
 		}
 		if lowest := s.CP.Machines.LowestVersion(); lowest != "" {
 			if from, err := semver.ParseTolerant(lowest); err == nil && (to.Major != from.Major || to.Minor > from.Minor+1) {
-				return nil, exitcode.Usagef("%s skips a minor version: the oldest machine runs %s; upgrade one minor at a time", r.Version, lowest)
+				return nil, exitcode.Usagef("%s skips a minor version: the oldest machine runs %s; upgrade one minor at a time (--via)", r.Version, lowest)
 			}
 		}
 		want.Spec.Version = r.Version

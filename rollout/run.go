@@ -25,9 +25,16 @@ var PauseTimeout = 2 * time.Minute
 // Prepared is a checked request, ready to run: the snapshot it was checked on
 // (projected with the request's spec) and the target the loop drives towards.
 type Prepared struct {
-	Request  Request
+	Request Request
+	// Snapshot and Target are the first hop's (the only one but for an
+	// upgrade --via).
 	Snapshot *Snapshot
 	Target   Target
+	// Hops are the versions the upgrade passes through, the target last
+	// (one empty hop for scale and replace); the run starts at FirstHop, the
+	// first the control plane has not completed.
+	Hops     []string
+	FirstHop int
 	// Steps counts the machine steps expected, for progress.
 	Steps int
 	// NothingToDo, when set, says why the control plane already matches the
@@ -53,7 +60,17 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 		}
 		return nil, err
 	}
-	want, err := Desired(ctx, s, r)
+	hops := []string{r.Version}
+	if r.Version != "" {
+		if hops, err = Hops(s.CP.Machines.LowestVersion(), r.Via, r.Version); err != nil {
+			return nil, err
+		}
+	}
+	// The last hop always runs: it is where "nothing to do" is found.
+	first := min(firstRemainingHop(s, hops), len(hops)-1)
+	hop := r
+	hop.Version = hops[first]
+	want, err := Desired(ctx, s, hop)
 	if err != nil {
 		return nil, err
 	}
@@ -87,11 +104,12 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	}
 	future := *s
 	future.CP = projected
-	t := TargetFor(want, r)
-	p := &Prepared{Request: r, Snapshot: &future, Target: t}
+	t := TargetFor(want, hop)
+	p := &Prepared{Request: r, Snapshot: &future, Target: t, Hops: hops, FirstHop: first}
 	outdated := NeedingRollout(&future, t).Len()
 	delta := int(t.Replicas) - s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)).Len()
-	p.Steps = outdated + max(delta, -delta)
+	// Every later hop replaces every machine.
+	p.Steps = outdated + max(delta, -delta) + int(t.Replicas)*(len(hops)-1-first)
 	if rec == nil && outdated == 0 && delta == 0 && Deleting(s).Len() == 0 {
 		p.NothingToDo = "nothing to do: the control plane already matches " + r.TargetString()
 		return p, nil
@@ -158,23 +176,8 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 	e.Lock = lock
 	e.steps.total = p.Steps
 
-	if err := e.takeOver(runCtx, p.Request); err != nil {
-		return err
-	}
-	if err := e.Converge(runCtx, p.Target); err != nil {
-		return err
-	}
-	handedBack, err := e.handBack(runCtx)
-	if err != nil {
-		return err
-	}
-	if e.Timeouts.Handback > 0 {
-		if err := e.awaitSettled(runCtx, handedBack); err != nil {
-			return err
-		}
-	}
-	if e.Timeouts.Workers > 0 && p.Target.Version != "" {
-		if err := e.awaitWorkers(runCtx, p.Target.Version, e.Timeouts.Workers); err != nil {
+	for i := p.FirstHop; i < len(p.Hops); i++ {
+		if err := e.runHop(runCtx, p, i); err != nil {
 			return err
 		}
 	}
@@ -182,23 +185,75 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 	return nil
 }
 
-// takeOver pauses the KubeadmControlPlane with this run's record (or resumes
-// the run its record describes), sets the target on it, and prepares the
-// rollout: pieces a killed run left behind go, and the workload cluster gets
-// what kubeadm reads before machines of a new version join.
-func (e *Engine) takeOver(ctx context.Context, r Request) error {
-	live, err := e.ControlPlane.Read(ctx)
+// defaultWorkersWait bounds, between the hops of a topology cluster's
+// upgrade, the wait for the workers when --wait-workers did not set one.
+const defaultWorkersWait = 30 * time.Minute
+
+// runHop is one complete rollout to p.Hops[i]: take over (or resume), set the
+// hop's version, converge, hand back. Before another hop, KCP must agree the
+// hop is done and, on a topology cluster, the topology controller must have
+// upgraded the workers: its webhook refuses the next version until then.
+func (e *Engine) runHop(ctx context.Context, p *Prepared, i int) error {
+	hop, last := p.Hops[i], i == len(p.Hops)-1
+	if len(p.Hops) > 1 {
+		e.steps.hop = progress.Hop{Index: i + 1, Of: len(p.Hops), Version: hop}
+	}
+	live, err := e.takeOver(ctx, p.Request, hop)
 	if err != nil {
 		return err
 	}
-	rec, err := controlplane.RecordOf(live.KCP)
+	t := p.Target
+	if i != p.FirstHop {
+		r := p.Request
+		r.Version = hop
+		t = TargetFor(live.KCP, r)
+	}
+	if err := e.Converge(ctx, t); err != nil {
+		return err
+	}
+	handedBack, err := e.handBack(ctx)
 	if err != nil {
 		return err
+	}
+	settle := e.Timeouts.Handback
+	if !last && settle == 0 {
+		settle = DefaultTimeouts.Handback
+	}
+	if settle > 0 {
+		if err := e.awaitSettled(ctx, handedBack, settle); err != nil {
+			return err
+		}
+	}
+	workers := e.Timeouts.Workers
+	if !last && workers == 0 && controlplane.ManagedByTopology(live.Cluster) {
+		workers = defaultWorkersWait
+	}
+	if workers > 0 && hop != "" {
+		if err := e.awaitWorkers(ctx, hop, workers); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// takeOver pauses the KubeadmControlPlane with r's record (or resumes the
+// run its record describes), sets the target — version, for one hop of r,
+// and r's replicas — and prepares the rollout: pieces a killed run left
+// behind go, and the workload cluster gets what kubeadm reads before
+// machines of a new version join. It returns the control plane it left.
+func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcpstate.ControlPlane, error) {
+	live, err := e.ControlPlane.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := controlplane.RecordOf(live.KCP)
+	if err != nil {
+		return nil, err
 	}
 	pausedNow := rec == nil
 	if pausedNow {
 		if err := e.pause(ctx, live, r); err != nil {
-			return err
+			return nil, err
 		}
 	} else {
 		e.note("resume", "continuing "+rec.String())
@@ -206,24 +261,24 @@ func (e *Engine) takeOver(ctx context.Context, r Request) error {
 
 	// The target is set on the live object, read after the pause.
 	if live, err = e.ControlPlane.Read(ctx); err != nil {
-		return err
+		return nil, err
 	}
-	if err := e.ControlPlane.SetTarget(ctx, live.Cluster, live.KCP, r.Version, r.Replicas); err != nil {
-		return e.targetRejected(ctx, live.KCP, pausedNow, err)
+	if err := e.ControlPlane.SetTarget(ctx, live.Cluster, live.KCP, version, r.Replicas); err != nil {
+		return nil, e.targetRejected(ctx, live.KCP, pausedNow, err)
 	}
 	if live, err = e.ControlPlane.Read(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	// A resumed run skipped the pause: make sure KCP is still paused before
 	// touching what only a paused KCP leaves alone.
 	if err := e.stillOurs(NewSnapshot(live)); err != nil {
-		return err
+		return nil, err
 	}
 	e.removeOrphans(ctx, live)
 	if outdated, _ := live.MachinesNeedingRollout(); outdated.Len() > 0 {
-		return e.prepareWorkload(ctx, live)
+		return live, e.prepareWorkload(ctx, live)
 	}
-	return nil
+	return live, nil
 }
 
 // targetRejected answers a failed SetTarget. An admission webhook or policy

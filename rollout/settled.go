@@ -61,8 +61,8 @@ func Unsettled(cp *kcpstate.ControlPlane) []string {
 // KCP creating or deleting a machine meanwhile means it found a rollout of
 // its own to do: that ends the wait at once. Either failure is exit 4; the
 // hand-back itself stands.
-func (e *Engine) awaitSettled(ctx context.Context, handedBack []string) (err error) {
-	st := e.begin("await-kcp", "", fmt.Sprintf("waiting up to %s for KCP to take over and agree the rollout is done", e.Timeouts.Handback))
+func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit time.Duration) (err error) {
+	st := e.begin("await-kcp", "", fmt.Sprintf("waiting up to %s for KCP to take over and agree the rollout is done", limit))
 	defer st.end(&err)
 	var awaited string
 	began := time.Now()
@@ -105,8 +105,8 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string) (err err
 			awaited = unsettled[0]
 			st.waiting(awaited)
 		}
-		if time.Since(began) > e.Timeouts.Handback {
-			return exitcode.Timeoutf("KCP did not settle within --handback-timeout %s after the hand-back: %s", e.Timeouts.Handback, strings.Join(unsettled, "; "))
+		if time.Since(began) > limit {
+			return exitcode.Timeoutf("KCP did not settle within --handback-timeout %s after the hand-back: %s", limit, strings.Join(unsettled, "; "))
 		}
 		e.waitForChange(ctx)
 	}

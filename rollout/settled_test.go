@@ -70,7 +70,7 @@ func TestAwaitSettledRidesOutUnreadableReads(t *testing.T) {
 	f := settledWorld()
 	f.readErrs = 2
 	e, ev := engineFor(f, Timeouts{Handback: 10 * time.Second})
-	if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names()); err != nil {
+	if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names(), e.Timeouts.Handback); err != nil {
 		t.Fatalf("awaitSettled: %v", err)
 	}
 	if !ev.find("await-kcp", progress.Waiting, "cannot read the control plane") || !ev.find("await-kcp", progress.Done, "up to date") {
@@ -85,7 +85,7 @@ func TestAwaitSettledWaitsForKubeProxy(t *testing.T) {
 	f := settledWorld()
 	f.kubeProxyBehind, f.kubeProxyReads = "kube-proxy runs registry.k8s.io/kube-proxy:v1.35.2", 2
 	e, ev := engineFor(f, Timeouts{Handback: 10 * time.Second})
-	if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names()); err != nil {
+	if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names(), e.Timeouts.Handback); err != nil {
 		t.Fatalf("awaitSettled: %v", err)
 	}
 	if f.kubeProxyReads != 0 {

@@ -22,6 +22,8 @@ type stepLog struct {
 	// created and deleted record what the machine step in progress has done:
 	// a replacement is one creation and one deletion, in either order.
 	created, deleted bool
+	// hop is the hop in progress of an upgrade through several versions.
+	hop progress.Hop
 }
 
 // step is one action in progress.
@@ -70,7 +72,7 @@ func (st *step) end(err *error) {
 	} else {
 		e.report(st.action, st.machine, progress.Done, st.outcome, st.began)
 	}
-	e.steps.times = append(e.steps.times, progress.StepTime{Action: st.action, Machine: st.machine, Duration: now.Sub(e.steps.last)})
+	e.steps.times = append(e.steps.times, progress.StepTime{Action: st.action, Machine: st.machine, Duration: now.Sub(e.steps.last), Hop: e.steps.hop})
 	e.steps.last = now
 }
 
@@ -116,6 +118,6 @@ func (e *Engine) report(action, machine string, phase progress.Phase, msg string
 	e.Reporter.Report(progress.Event{
 		Time: time.Now(), Cluster: key.Name, Namespace: key.Namespace,
 		Step: e.steps.machine, Total: max(e.steps.total, e.steps.machine), Action: action, Machine: machine, Phase: phase,
-		Message: msg, ElapsedMs: time.Since(since).Milliseconds(),
+		Message: msg, ElapsedMs: time.Since(since).Milliseconds(), Hop: e.steps.hop,
 	})
 }

@@ -52,7 +52,7 @@ func TestNeedsNarrowsTheRolesToOneCluster(t *testing.T) {
 
 	scope.WithoutControllerLookup = true
 	for _, p := range strs(Needs(rbac.Operate(), scope)) {
-		if strings.Contains(p, "deployments") {
+		if strings.Contains(p, "deployments.apps") {
 			t.Errorf("with --kcp-version the controller's Deployment is not looked up, yet %q is asked", p)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/progress"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
@@ -73,19 +74,22 @@ func (o *requestOptions) printPlan(ctx context.Context) (pending bool, err error
 	if err != nil {
 		return false, err
 	}
-	var steps []rollout.Step
+	var hops [][]rollout.Step
 	if prepared.NothingToDo == "" {
-		steps = rollout.Plan(ctx, prepared.Snapshot, prepared.Target)
+		hops = rollout.PlanHops(ctx, prepared)
 	}
-	if err := printPlan(o.Streams.Out, o.Output, o.Request, steps); err != nil {
+	if err := printPlan(o.Streams.Out, o.Output, o.Request, prepared, hops); err != nil {
 		return false, err
 	}
-	for _, s := range steps {
-		if s.Action == rollout.Refuse {
-			return true, s.Err
+	for _, steps := range hops {
+		for _, s := range steps {
+			if s.Action == rollout.Refuse {
+				return true, s.Err
+			}
 		}
+		pending = pending || len(steps) > 0
 	}
-	return len(steps) > 0, nil
+	return pending, nil
 }
 
 // PlanOptions shows the steps a change would take, changing nothing.
@@ -97,6 +101,7 @@ type PlanOptions struct {
 	// What the --version, --replicas and --replace flags hold; Complete
 	// turns the one given into the request.
 	version  string
+	via      []string
 	replicas int32
 	replace  string
 	targets  int // how many of those flags were given
@@ -134,6 +139,7 @@ the same plan.`,
 	o.requestOptions.addFlags(f)
 	o.ignored.addFlags(f)
 	f.StringVar(&o.version, "version", "", "Plan an upgrade to this Kubernetes version")
+	f.StringSliceVar(&o.via, "via", nil, "With --version: the versions the upgrade passes through first, one rollout each")
 	f.Int32Var(&o.replicas, "replicas", o.replicas, "Plan a scale to this many machines")
 	f.StringVar(&o.replace, "replace", "", "Plan the replacement of this machine")
 	f.BoolVar(&o.ExitCode, "exit-code", false, fmt.Sprintf("Exit %d when steps are pending, 0 when there is nothing to do", PendingExitCode))
@@ -154,7 +160,7 @@ func (o *PlanOptions) Complete(cmd *cobra.Command, args []string) error {
 	}
 	switch {
 	case o.version != "":
-		o.Request.Operation, o.Request.Version = "upgrade", o.version
+		o.Request.Operation, o.Request.Version, o.Request.Via = "upgrade", o.version, o.via
 	case cmd.Flags().Changed("replicas"):
 		o.Request.Operation, o.Request.Replicas = "scale", &o.replicas
 	case o.replace != "":
@@ -200,6 +206,14 @@ func validateTarget(r rollout.Request) error {
 			return err
 		}
 	}
+	if len(r.Via) > 0 && r.Version == "" {
+		return exitcode.Usagef("--via needs --version: it names the versions an upgrade passes through")
+	}
+	for _, v := range r.Via {
+		if _, err := rollout.ParseVersion(v); err != nil {
+			return exitcode.Usagef("--via: %v", err)
+		}
+	}
 	if r.Replicas != nil && *r.Replicas < 1 {
 		return exitcode.Usagef("--replicas must be at least 1, not %d", *r.Replicas)
 	}
@@ -217,16 +231,25 @@ type plannedStep struct {
 	Machine       string `json:"machine,omitempty"`
 	FailureDomain string `json:"failureDomain,omitempty"`
 	Reason        string `json:"reason"`
+	progress.Hop
 }
 
-func printPlan(out io.Writer, format string, req rollout.Request, steps []rollout.Step) error {
-	planned := make([]plannedStep, 0, len(steps))
-	for i, s := range steps {
-		p := plannedStep{Index: i + 1, Action: string(s.Action), FailureDomain: s.FailureDomain, Reason: s.Reason}
-		if s.Machine != nil {
-			p.Machine = s.Machine.Name
+// printPlan prints the steps of each hop; an upgrade through several
+// versions numbers its steps across hops and names each step's hop.
+func printPlan(out io.Writer, format string, req rollout.Request, p *rollout.Prepared, hops [][]rollout.Step) error {
+	planned := []plannedStep{}
+	for h, steps := range hops {
+		var hop progress.Hop
+		if len(p.Hops) > 1 {
+			hop = progress.Hop{Index: p.FirstHop + h + 1, Of: len(p.Hops), Version: p.Hops[p.FirstHop+h]}
 		}
-		planned = append(planned, p)
+		for _, s := range steps {
+			ps := plannedStep{Index: len(planned) + 1, Action: string(s.Action), FailureDomain: s.FailureDomain, Reason: s.Reason, Hop: hop}
+			if s.Machine != nil {
+				ps.Machine = s.Machine.Name
+			}
+			planned = append(planned, ps)
+		}
 	}
 	if format == "json" {
 		enc := json.NewEncoder(out)
@@ -242,9 +265,16 @@ func printPlan(out io.Writer, format string, req rollout.Request, steps []rollou
 		return err
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	if len(p.Hops) > 1 {
+		fmt.Fprintln(w, "#\tHOP\tACTION\tMACHINE\tREASON")
+		for _, ps := range planned {
+			fmt.Fprintf(w, "%d\t%d/%d %s\t%s\t%s\t%s\n", ps.Index, ps.Hop.Index, ps.Hop.Of, ps.Hop.Version, ps.Action, dash(ps.Machine), ps.Reason)
+		}
+		return w.Flush()
+	}
 	fmt.Fprintln(w, "#\tACTION\tMACHINE\tREASON")
-	for _, p := range planned {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", p.Index, p.Action, dash(p.Machine), p.Reason)
+	for _, ps := range planned {
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", ps.Index, ps.Action, dash(ps.Machine), ps.Reason)
 	}
 	return w.Flush()
 }

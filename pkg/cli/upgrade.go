@@ -44,10 +44,16 @@ cluster is.
 On a cluster built from a ClusterClass the version is set in the Cluster's
 spec.topology, where the topology controller reads it; it writes the version
 into the KubeadmControlPlane and, after the hand-back, upgrades the workers
-(--wait-workers follows them).`,
+(--wait-workers follows them).
+
+kubeadm allows one minor version per rollout. To upgrade a control plane two
+or more minors behind, name a version of each minor in between with --via:
+each is one complete rollout, handed back and agreed by KCP (and, on a
+ClusterClass cluster, followed by the workers) before the next.`,
 		Example: `  kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 -n clusters
   kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 --max-surge 0 -o json
-  kubectl cp-rollout upgrade staging-7 --version v1.36.3 --wait-workers`,
+  kubectl cp-rollout upgrade staging-7 --version v1.36.3 --wait-workers
+  kubectl cp-rollout upgrade legacy-2 --version v1.36.3 --via v1.35.2`,
 		Args: clusterArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
@@ -55,6 +61,7 @@ into the KubeadmControlPlane and, after the hand-back, upgrades the workers
 	}
 	o.addFlags(cmd)
 	cmd.Flags().StringVar(&o.Request.Version, "version", "", "The Kubernetes version to upgrade to, e.g. v1.36.3 (required)")
+	cmd.Flags().StringSliceVar(&o.Request.Via, "via", nil, "Versions to pass through first, one complete rollout each, in order: one of each minor between the control plane's and --version, e.g. --via v1.35.2")
 	cmd.Flags().BoolVar(&o.WaitWorkers, "wait-workers", false, "On a ClusterClass (topology) cluster, also wait until the topology controller has upgraded every MachineDeployment to VERSION")
 	cmd.Flags().DurationVar(&o.WorkersTimeout, "workers-timeout", o.WorkersTimeout, "How long --wait-workers waits for the workers")
 	return cmd
@@ -77,9 +84,6 @@ func (o *UpgradeOptions) Validate() error {
 	if o.WaitWorkers {
 		if o.WorkersTimeout <= 0 {
 			return exitcode.Usagef("--workers-timeout must be positive, not %s", o.WorkersTimeout)
-		}
-		if o.NoWait {
-			return exitcode.Usagef("--wait-workers and --no-wait contradict each other: the workers follow the control plane only once KCP has taken it back")
 		}
 		o.Timeouts.Workers = o.WorkersTimeout
 	}

@@ -44,7 +44,19 @@ type Event struct {
 	ElapsedMs int64 `json:"elapsedMs"`
 	// Requests, on the summary alone, counts the run's round trips.
 	Requests *Requests `json:"requests,omitempty"`
+	// Hop places the event in an upgrade through several versions.
+	Hop
 }
+
+// Hop is one rollout of an upgrade through several versions (--via): hop
+// Index of Of, to Version. It is zero for a run of one rollout.
+type Hop struct {
+	Index   int    `json:"hop,omitempty"`
+	Of      int    `json:"hops,omitempty"`
+	Version string `json:"hopVersion,omitempty"`
+}
+
+func (h Hop) String() string { return fmt.Sprintf("hop %d/%d %s", h.Index, h.Of, h.Version) }
 
 // Requests counts a run's round trips: HTTP requests to the management and
 // the workload API servers, and etcd RPCs.
@@ -60,6 +72,7 @@ type StepTime struct {
 	Machine  string        `json:"machine,omitempty"`
 	Duration time.Duration `json:"-"`
 	Ms       int64         `json:"durationMs"`
+	Hop
 }
 
 // Reporter receives a run's events.
@@ -123,6 +136,9 @@ func (r *jsonReporter) Stop() {}
 // Text renders an event as one line, without the time.
 func Text(e Event) string {
 	var b strings.Builder
+	if e.Hop.Index > 0 {
+		b.WriteString(e.Hop.String() + " ")
+	}
 	if e.Total > 0 {
 		fmt.Fprintf(&b, "[%d/%d] ", e.Step, e.Total)
 	}
@@ -139,14 +155,25 @@ func Text(e Event) string {
 	return b.String()
 }
 
+// summaryLines are the text summary: each step's duration and, in an
+// upgrade through several versions, each hop's ahead of its steps.
 func summaryLines(run Event, steps []StepTime) []string {
 	lines := []string{fmt.Sprintf("done in %s:", (time.Duration(run.ElapsedMs) * time.Millisecond).Round(100*time.Millisecond))}
+	hops := map[int]time.Duration{}
 	for _, s := range steps {
+		hops[s.Hop.Index] += s.Duration
+	}
+	indent, current := "  ", 0
+	for _, s := range steps {
+		if s.Hop.Index > 0 && s.Hop.Index != current {
+			current, indent = s.Hop.Index, "    "
+			lines = append(lines, fmt.Sprintf("  %-50s %s", s.Hop.String(), hops[current].Round(100*time.Millisecond)))
+		}
 		what := s.Action
 		if s.Machine != "" {
 			what += " " + s.Machine
 		}
-		lines = append(lines, fmt.Sprintf("  %-50s %s", what, s.Duration.Round(100*time.Millisecond)))
+		lines = append(lines, fmt.Sprintf("%s%-*s %s", indent, 52-len(indent), what, s.Duration.Round(100*time.Millisecond)))
 	}
 	if r := run.Requests; r != nil {
 		lines = append(lines, fmt.Sprintf("requests: %d to the management API server, %d to the workload API server, %d to etcd",

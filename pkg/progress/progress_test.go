@@ -69,3 +69,35 @@ func TestSpinnerLineFitsTheTerminal(t *testing.T) {
 		t.Fatalf("a line that fits was changed: %q", got)
 	}
 }
+
+// An upgrade through several versions places every event in its hop, and
+// the summary gives each hop's time ahead of its steps.
+func TestHopsInEventsAndSummary(t *testing.T) {
+	var out, errOut bytes.Buffer
+	r := New("text", &out, &errOut)
+	hop1, hop2 := Hop{Index: 1, Of: 2, Version: "v1.35.2"}, Hop{Index: 2, Of: 2, Version: "v1.36.3"}
+	r.Report(Event{Time: time.Date(2026, 11, 30, 1, 2, 3, 0, time.UTC), Step: 1, Total: 2, Action: "create", Phase: Started, Hop: hop1})
+	r.Summary(Event{ElapsedMs: 9000}, []StepTime{
+		{Action: "create", Machine: "a", Duration: 2 * time.Second, Hop: hop1},
+		{Action: "delete", Machine: "b", Duration: 3 * time.Second, Hop: hop1},
+		{Action: "create", Machine: "c", Duration: 4 * time.Second, Hop: hop2},
+	})
+	got := errOut.String()
+	lines := strings.Split(got, "\n")
+	if lines[0] != "2026-11-30T01:02:03Z hop 1/2 v1.35.2 [1/2] create started" {
+		t.Errorf("event line %q, want its hop ahead of it", lines[0])
+	}
+	// Each hop's line, with its time, is followed by its steps, indented.
+	var summary []string
+	for _, l := range lines[2:] {
+		summary = append(summary, strings.Join(strings.Fields(l), " ")+map[bool]string{true: " (step)", false: ""}[strings.HasPrefix(l, "    ")])
+	}
+	if got, want := strings.Join(summary, "; "), "hop 1/2 v1.35.2 5s; create a 2s (step); delete b 3s (step); hop 2/2 v1.36.3 4s; create c 4s (step); "; got != want {
+		t.Errorf("summary %q, want %q", got, want)
+	}
+	var js bytes.Buffer
+	New("json", &js, &errOut).Report(Event{Action: "create", Hop: hop2})
+	if !strings.Contains(js.String(), `"hop":2,"hops":2,"hopVersion":"v1.36.3"`) {
+		t.Errorf("JSON event %s lacks hop, hops and hopVersion", js.String())
+	}
+}

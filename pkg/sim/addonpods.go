@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"sort"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -346,25 +345,34 @@ func podOf(owner client.Object, template corev1.PodTemplateSpec, hashKey, hash, 
 }
 
 // leastLoaded is the schedulable, ready node with the fewest CoreDNS pods
-// whose taints the pods tolerate (ties to the first by name), or "" when
-// there is none: a cordoned node, as a drain leaves it, takes no pod.
+// whose taints the pods tolerate, or "" when there is none: a cordoned node,
+// as a drain leaves it, takes no pod. Ties go to the newest node (the
+// scheduler picks at random among equals): in a rolling replacement that is
+// the new machine's, so CoreDNS is not evicted again by every drain.
 func leastLoaded(nodes []corev1.Node, perNode map[string]int, tolerations []corev1.Toleration) string {
-	best := ""
-	names := make([]string, 0, len(nodes))
+	var best *corev1.Node
 	for i := range nodes {
 		n := &nodes[i]
 		if n.Spec.Unschedulable || !nodeReady(n) || !tolerates(tolerations, n.Spec.Taints) {
 			continue
 		}
-		names = append(names, n.Name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		if best == "" || perNode[name] < perNode[best] {
-			best = name
+		if best == nil || perNode[n.Name] < perNode[best.Name] ||
+			perNode[n.Name] == perNode[best.Name] && newer(n, best) {
+			best = n
 		}
 	}
-	return best
+	if best == nil {
+		return ""
+	}
+	return best.Name
+}
+
+// newer orders nodes by creation, then name, so the choice is stable.
+func newer(a, b *corev1.Node) bool {
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return b.CreationTimestamp.Before(&a.CreationTimestamp)
+	}
+	return a.Name > b.Name
 }
 
 // nodeReady: a node whose Ready condition is not False (a node the simulated

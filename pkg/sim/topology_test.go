@@ -60,7 +60,7 @@ func TestTopology(t *testing.T) {
 		}
 		began := time.Now()
 		var controlPlaneDone time.Duration
-		simtest.Eventually(t, 5*time.Minute, "every machine at "+target, func(ctx context.Context) (bool, string, error) {
+		simtest.Eventually(t, 10*time.Minute, "every machine at "+target, func(ctx context.Context) (bool, string, error) {
 			cp, err := s.Machines(ctx)
 			if err != nil {
 				return false, "", err

@@ -147,6 +147,9 @@ func TestLeastPrivilege(t *testing.T) {
 			"get machines.cluster.x-k8s.io":                                        "a Machine apply whose answer was lost (CreateReplacement)",
 			"delete kubeadmconfigs.bootstrap.cluster.x-k8s.io":                     "pieces a killed run left behind (TestKillBeforeMachineCreate)",
 			"delete genericinfrastructuremachines.infrastructure.cluster.x-k8s.io": "pieces a killed run left behind (TestKillBeforeMachineCreate)",
+			// This scenario's cluster has no ClusterClass topology.
+			"patch clusters.cluster.x-k8s.io":          "the target of a topology cluster (TestTopologyCluster)",
+			"list machinedeployments.cluster.x-k8s.io": "upgrade --wait-workers (TestTopologyCluster)",
 		}},
 	} {
 		granted := grantedBy(c.role)

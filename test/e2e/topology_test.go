@@ -17,14 +17,16 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
-// A cluster built from a ClusterClass: the tool sets the target in the
-// Cluster's topology, rolls the control plane while the topology controller
-// holds the workers, hands back, and (with --wait-workers) follows the
-// topology controller's upgrade of the workers. Then scale up and down, and
-// a replace, on the same cluster.
+// A cluster built from a ClusterClass, two minors behind: for each hop the
+// tool sets the target in the Cluster's topology, rolls the control plane
+// while the topology controller holds the workers, hands back, and follows
+// the topology controller's upgrade of the workers (between the hops because
+// the topology controller requires it, after the last one because of
+// --wait-workers). Then scale up and down, and a replace, on the same
+// cluster.
 func TestTopologyCluster(t *testing.T) {
 	t.Parallel()
-	e := simtest.Start(t, sim.Options{Replicas: 3, Workers: 2, Topology: true, Version: from,
+	e := simtest.Start(t, sim.Options{Replicas: 3, Workers: 2, Topology: true, Version: "v1.34.3",
 		ProvisionDelay: 500 * time.Millisecond, DeleteDelay: 500 * time.Millisecond})
 	e.AwaitKCP = true
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -32,9 +34,9 @@ func TestTopologyCluster(t *testing.T) {
 	c := e.Sim.ManagementClient()
 	before := machineSet(t, e)
 
-	t.Run("upgrade with --wait-workers", func(t *testing.T) {
+	t.Run("upgrade through two minors with --wait-workers", func(t *testing.T) {
 		mon := watchInvariants(t, e, 4, 2)
-		r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to, "--wait-workers", "-o", "json")
+		r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to, "--via", from, "--wait-workers", "-o", "json")
 		mon.check(t)
 		if r.Code != 0 {
 			t.Fatalf("upgrade exit %d:\n%s", r.Code, simtest.Tail(r.Stderr, 20))
@@ -53,8 +55,17 @@ func TestTopologyCluster(t *testing.T) {
 				t.Errorf("control-plane machine %s was created, but the tool reported creating only %v", name, reported)
 			}
 		}
-		if len(reported) != 3 {
-			t.Errorf("the tool reported creating %d machines, want 3", len(reported))
+		if len(reported) != 6 {
+			t.Errorf("the tool reported creating %d machines, want 3 in each hop", len(reported))
+		}
+		var workersDone []string
+		for _, ev := range evs {
+			if ev["action"] == "await-workers" && ev["phase"] == "done" {
+				workersDone = append(workersDone, stringOf(ev["hopVersion"]))
+			}
+		}
+		if got := strings.Join(workersDone, " "); got != from+" "+to {
+			t.Errorf("the workers were awaited after the hops %q, want after each (%s %s)", got, from, to)
 		}
 		// The target went where the topology controller reads it.
 		cluster := &clusterv1.Cluster{}

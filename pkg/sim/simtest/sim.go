@@ -24,8 +24,9 @@ import (
 )
 
 // startTimeout bounds a simulator's start-up until ready: about half a minute
-// on an idle two-core machine, several times that when the machine is busy.
-const startTimeout = 3 * time.Minute
+// on an idle two-core machine, several times that when the machine is busy
+// (up to three minutes seen under make test for a cluster with workers).
+const startTimeout = 6 * time.Minute
 
 // startSlots admit two simulator start-ups at a time on the machine, across
 // test binaries. Starting two API servers and their CRDs keeps both cores busy

@@ -1,0 +1,90 @@
+package rollout
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/blang/semver/v4"
+	"sigs.k8s.io/cluster-api/util/collections"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+// kubeadm, and KCP's admission webhook, allow one minor version per rollout.
+// A control plane two minors behind passes through each minor in between:
+// `upgrade --version v1.36.3 --via v1.35.2` is one complete rollout per hop,
+// in order, each handed back and agreed by KCP (and on a topology cluster
+// followed by the workers, which the topology controller requires before the
+// next version) before the next starts. The run's record names the whole
+// chain, so a run stopped in any hop resumes where the cluster is.
+
+// Hops is the chain of versions an upgrade from lowest (the oldest machine's
+// version) passes through: each of via, then target. Each hop must be newer
+// than the one before and at most one minor above it. A chain that skips a
+// minor names the versions to pass through; errors are bad input (exit 2).
+func Hops(lowest string, via []string, target string) ([]string, error) {
+	chain := append(append([]string{}, via...), target)
+	prev, err := semver.ParseTolerant(lowest)
+	if lowest == "" || err != nil {
+		return chain, nil // no machine to measure from: KCP's own checks apply
+	}
+	from := lowest
+	for i, hop := range chain {
+		v, err := ParseVersion(hop)
+		if err != nil {
+			return nil, err
+		}
+		if !v.GT(prev) {
+			if i < len(via) {
+				return nil, exitcode.Usagef("--via %s is not newer than %s: each version passed through must be newer than the one before", hop, from)
+			}
+			return chain, nil // the target against the machines: Desired says what is wrong
+		}
+		if v.Major != prev.Major || v.Minor > prev.Minor+1 {
+			what := hop + " skips a minor version"
+			if i < len(via) {
+				what = "--via " + hop + " skips a minor version"
+			}
+			return nil, exitcode.Usagef("%s: from %s, pass through %s first (--via, one version of each minor, in order)", what, from, between(prev, v))
+		}
+		prev, from = v, hop
+	}
+	return chain, nil
+}
+
+// between names the minors strictly between from and to, for a message.
+func between(from, to semver.Version) string {
+	if to.Major != from.Major {
+		return fmt.Sprintf("every minor up to v%d.%d", to.Major, to.Minor)
+	}
+	var minors []string
+	for m := from.Minor + 1; m < to.Minor; m++ {
+		minors = append(minors, fmt.Sprintf("a v%d.%d.x", from.Major, m))
+	}
+	return strings.Join(minors, ", then ")
+}
+
+// firstRemainingHop is the index of the first hop the control plane has not
+// completed: a hop is complete once the KubeadmControlPlane asks for it or a
+// later one and every machine runs it or a later one. len(hops) when all are
+// complete.
+func firstRemainingHop(s *Snapshot, hops []string) int {
+	for i, hop := range hops {
+		if hop == "" || !atLeast(s.CP.KCP.Spec.Version, hop) {
+			return i
+		}
+		for _, m := range s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)) {
+			if !atLeast(m.Spec.Version, hop) {
+				return i
+			}
+		}
+	}
+	return len(hops)
+}
+
+// atLeast reports whether version v is hop or newer.
+func atLeast(v, hop string) bool {
+	a, errA := semver.ParseTolerant(v)
+	b, errB := semver.ParseTolerant(hop)
+	return errA == nil && errB == nil && a.GE(b)
+}
