@@ -70,6 +70,9 @@ type ControlPlane interface {
 	// MachineDeployments are the cluster's workers, which --wait-workers
 	// follows on a topology cluster.
 	MachineDeployments(ctx context.Context) ([]clusterv1.MachineDeployment, error)
+	// ClassUpgradePlan is the topology controller's plan, from the
+	// cluster's ClusterClass, to go from one version to another.
+	ClassUpgradePlan(ctx context.Context, cluster *clusterv1.Cluster, from, target string) ([]string, error)
 }
 
 // Workload is what the engine reads and writes on the workload cluster;

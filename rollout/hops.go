@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/blang/semver/v4"
-	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
@@ -66,14 +65,15 @@ func between(from, to semver.Version) string {
 
 // firstRemainingHop is the index of the first hop the control plane has not
 // completed: a hop is complete once the KubeadmControlPlane asks for it or a
-// later one and every machine runs it or a later one. len(hops) when all are
-// complete.
+// later one and every machine runs it or a later one. A machine still
+// deleting counts: its hop ends when it is gone (and the next hop's version
+// may be more than a minor above it). len(hops) when all are complete.
 func firstRemainingHop(s *Snapshot, hops []string) int {
 	for i, hop := range hops {
 		if hop == "" || !atLeast(s.CP.KCP.Spec.Version, hop) {
 			return i
 		}
-		for _, m := range s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)) {
+		for _, m := range s.CP.Machines {
 			if !atLeast(m.Spec.Version, hop) {
 				return i
 			}

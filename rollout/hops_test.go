@@ -5,6 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
 
@@ -60,6 +64,11 @@ func TestFirstRemainingHop(t *testing.T) {
 		}
 		return s
 	}
+	deleting := func(s *Snapshot) *Snapshot {
+		oldest := s.CP.Machines.Oldest()
+		oldest.DeletionTimestamp = &metav1.Time{Time: s.Now}
+		return s
+	}
 	for _, tc := range []struct {
 		name string
 		s    *Snapshot
@@ -67,6 +76,7 @@ func TestFirstRemainingHop(t *testing.T) {
 	}{
 		{"nothing done", at("v1.34.3", "v1.34.3", "v1.34.3", "v1.34.3"), 0},
 		{"stopped in the first hop", at("v1.35.2", "v1.34.3", "v1.35.2", "v1.35.2"), 0},
+		{"stopped in the first hop, its last old machine deleting", deleting(at("v1.35.2", "v1.34.3", "v1.35.2", "v1.35.2", "v1.35.2")), 0},
 		{"between the hops", at("v1.35.2", "v1.35.2", "v1.35.2", "v1.35.2"), 1},
 		{"stopped in the second hop, before any machine", at("v1.36.3", "v1.35.2", "v1.35.2", "v1.35.2"), 1},
 		{"stopped in the second hop", at("v1.36.3", "v1.35.2", "v1.36.3", "v1.36.3"), 1},
@@ -105,5 +115,40 @@ func TestPlanHops(t *testing.T) {
 		if got := strings.Join(deleted, " "); got != want {
 			t.Errorf("hop %d deletes %s, want %s", i+1, got, want)
 		}
+	}
+}
+
+// classPlan answers ClassUpgradePlan as a ClusterClass declaring versions
+// would; every other method is the nil interface's.
+type classPlan struct {
+	ControlPlane
+	plan []string
+}
+
+func (c classPlan) ClassUpgradePlan(context.Context, *clusterv1.Cluster, string, string) ([]string, error) {
+	return c.plan, nil
+}
+
+// Without --via, a topology cluster whose class declares its versions passes
+// through the class's plan; --via, or a cluster without a topology, keeps
+// what the request says.
+func TestViaFollowsTheClassPlan(t *testing.T) {
+	e := &Engine{ControlPlane: classPlan{plan: []string{"v1.35.2", "v1.36.3"}}}
+	s := world(machineSpec{}, machineSpec{})
+	for _, m := range s.CP.Machines {
+		m.Spec.Version = "v1.34.3"
+	}
+	plain := Request{Operation: "upgrade", Version: "v1.36.3"}
+	if via, err := e.via(context.Background(), s, plain); err != nil || via != nil {
+		t.Fatalf("no topology: via %v, %v; want none", via, err)
+	}
+	s.CP.Cluster.Spec.Topology = clusterv1.Topology{ClassRef: clusterv1.ClusterClassRef{Name: "c"}, Version: "v1.34.3"}
+	if via, err := e.via(context.Background(), s, plain); err != nil || strings.Join(via, " ") != "v1.35.2" {
+		t.Fatalf("class plan: via %v, %v; want v1.35.2", via, err)
+	}
+	given := plain
+	given.Via = []string{"v1.35.0"}
+	if via, err := e.via(context.Background(), s, given); err != nil || strings.Join(via, " ") != "v1.35.0" {
+		t.Fatalf("--via given: via %v, %v; want v1.35.0", via, err)
 	}
 }

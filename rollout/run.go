@@ -62,7 +62,11 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	}
 	hops := []string{r.Version}
 	if r.Version != "" {
-		if hops, err = Hops(s.CP.Machines.LowestVersion(), r.Via, r.Version); err != nil {
+		via, err := e.via(ctx, s, r)
+		if err != nil {
+			return nil, err
+		}
+		if hops, err = Hops(s.CP.Machines.LowestVersion(), via, r.Version); err != nil {
 			return nil, err
 		}
 	}
@@ -120,6 +124,23 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 		return nil, step.Err
 	}
 	return p, nil
+}
+
+// via is the request's --via or, when there is none, on a topology cluster
+// whose ClusterClass declares its Kubernetes versions, the versions the
+// topology controller's own plan passes through (Cluster API's chained
+// upgrades), measured from the oldest machine: each becomes a hop of its
+// own. It stays out of the record, so a re-run finds the same operation.
+func (e *Engine) via(ctx context.Context, s *Snapshot, r Request) ([]string, error) {
+	lowest := s.CP.Machines.LowestVersion()
+	if len(r.Via) > 0 || lowest == "" || !controlplane.ManagedByTopology(s.CP.Cluster) {
+		return r.Via, nil
+	}
+	plan, err := e.ControlPlane.ClassUpgradePlan(ctx, s.CP.Cluster, lowest, r.Version)
+	if err != nil || len(plan) < 2 {
+		return nil, err
+	}
+	return plan[:len(plan)-1], nil
 }
 
 // lockedByAnotherRun names the live run holding the cluster's Lease, nil when

@@ -4,7 +4,7 @@
 //
 //	cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default]
 //	    [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s]
-//	    [--capacity 0] [--failure-domains 0] [--workers 0] [--topology] [--mhc=true] [--without-kcp]
+//	    [--capacity 0] [--failure-domains 0] [--workers 0] [--topology] [--class-versions V,V,...] [--mhc=true] [--without-kcp]
 package main
 
 import (
@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -59,6 +60,10 @@ func parseUp(args []string) (*upOptions, error) {
 	fs.IntVar(&o.sim.FailureDomains, "failure-domains", 0, "control-plane failure domains fd-1 ... fd-N the infrastructure reports; 0 means none")
 	fs.Int32Var(&o.sim.Workers, "workers", 0, "worker machines in a MachineDeployment (demo-md-0); 0 means none")
 	fs.BoolVar(&o.sim.Topology, "topology", false, "make the Cluster a topology cluster of a ClusterClass (demo-class); the topology controller owns its KCP and workers")
+	fs.Func("class-versions", "with --topology, the Kubernetes versions the ClusterClass declares, comma-separated (Cluster API's chained upgrades plan through them)", func(v string) error {
+		o.sim.ClassVersions = strings.Split(v, ",")
+		return nil
+	})
 	fs.BoolVar(&o.mhc, "mhc", true, "watch the control-plane machines with the MachineHealthCheck Cluster API recommends (node not Ready for 5m)")
 	fs.BoolVar(&o.sim.WithoutKCP, "without-kcp", false, "do not run the KubeadmControlPlane controller")
 	fs.BoolVarP(&o.verbose, "verbose", "v", false, "log the controllers to stderr")
@@ -130,7 +135,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-const usage = "cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default] [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s] [--capacity 0] [--failure-domains 0] [--workers 0] [--topology] [--mhc=true] [--without-kcp] [-v]"
+const usage = "cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default] [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s] [--capacity 0] [--failure-domains 0] [--workers 0] [--topology] [--class-versions V,V,...] [--mhc=true] [--without-kcp] [-v]"
 
 func up(ctx context.Context, o *upOptions, stdout, stderr io.Writer) (err error) {
 	began := time.Now()

@@ -36,13 +36,13 @@ func TestBadUsageIsOneLineAndExitsTwo(t *testing.T) {
 
 func TestUpFlags(t *testing.T) {
 	o, err := parseUp([]string{"--kubeconfig-out", "k", "--cluster", "c", "--namespace", "ns", "--replicas", "5",
-		"--version", "v1.36.3", "--provision-delay", "3s", "--delete-delay", "2s", "--capacity", "6", "--failure-domains", "3", "--workers", "2", "--topology", "--mhc=false", "--without-kcp"})
+		"--version", "v1.36.3", "--provision-delay", "3s", "--delete-delay", "2s", "--capacity", "6", "--failure-domains", "3", "--workers", "2", "--topology", "--class-versions", "v1.35.2,v1.36.3", "--mhc=false", "--without-kcp"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := o.sim
 	if o.kubeconfigOut != "k" || s.ClusterName != "c" || s.Namespace != "ns" || s.Replicas != 5 || s.Version != "v1.36.3" ||
-		s.ProvisionDelay != 3*time.Second || s.DeleteDelay != 2*time.Second || s.Capacity != 6 || s.FailureDomains != 3 || s.Workers != 2 || !s.Topology || !s.WithoutMachineHealthCheck || !s.WithoutKCP {
+		s.ProvisionDelay != 3*time.Second || s.DeleteDelay != 2*time.Second || s.Capacity != 6 || s.FailureDomains != 3 || s.Workers != 2 || !s.Topology || strings.Join(s.ClassVersions, " ") != "v1.35.2 v1.36.3" || !s.WithoutMachineHealthCheck || !s.WithoutKCP {
 		t.Fatalf("parsed %+v", o)
 	}
 	o, err = parseUp([]string{"--kubeconfig-out", "k"})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/blang/semver/v4"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -125,4 +126,88 @@ func (c *Client) MachineDeployments(ctx context.Context) ([]clusterv1.MachineDep
 		return nil, fmt.Errorf("listing the MachineDeployments of %s/%s: %w", c.Namespace, c.Cluster, err)
 	}
 	return list.Items, nil
+}
+
+// ClassUpgradePlan is the control-plane upgrade plan Cluster API's topology
+// controller computes from the cluster's ClusterClass to go from version
+// from to target (see classPlan). None when the class declares no versions;
+// an error when it plans with a runtime extension, which this tool cannot
+// call.
+func (c *Client) ClassUpgradePlan(ctx context.Context, cluster *clusterv1.Cluster, from, target string) ([]string, error) {
+	ref := cluster.Spec.Topology.ClassRef
+	namespace := ref.Namespace
+	if namespace == "" {
+		namespace = cluster.Namespace
+	}
+	class := &clusterv1.ClusterClass{}
+	if err := c.c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ref.Name}, class); err != nil {
+		return nil, fmt.Errorf("reading ClusterClass %s/%s: %w", namespace, ref.Name, err)
+	}
+	if ext := class.Spec.Upgrade.External.GenerateUpgradePlanExtension; ext != "" {
+		return nil, exitcode.Usagef("ClusterClass %s plans upgrades with the runtime extension %s, which this tool cannot call: pass the versions it plans with --via", class.Name, ext)
+	}
+	plan, err := classPlan(class.Spec.KubernetesVersions, from, target)
+	if err != nil {
+		return nil, exitcode.Usagef("ClusterClass %s: no upgrade plan from %s to %s: %v", class.Name, from, target, err)
+	}
+	return plan, nil
+}
+
+// classPlan is Cluster API's upgrade plan through a ClusterClass's declared
+// versions (desiredstate.GetUpgradePlanFromClusterClassVersions): the
+// declared versions after from, up to target, keeping the latest of each
+// minor. Written here rather than imported: that package brings the topology
+// controller's runtime-extension client with it, 9 MB of the plugin for
+// these lines; a test holds the two to the same answers.
+func classPlan(declared []string, from, target string) ([]string, error) {
+	if len(declared) == 0 {
+		return nil, nil
+	}
+	fromV, err := semver.ParseTolerant(from)
+	if err != nil {
+		return nil, err
+	}
+	targetV, err := semver.ParseTolerant(target)
+	if err != nil {
+		return nil, err
+	}
+	if fromV.EQ(targetV) {
+		return nil, nil
+	}
+	var candidates []semver.Version
+	var names []string
+	for _, v := range declared {
+		sv, err := semver.ParseTolerant(v)
+		if err != nil {
+			return nil, err
+		}
+		if sv.LTE(fromV) {
+			continue
+		}
+		if sv.GT(targetV) {
+			break
+		}
+		candidates, names = append(candidates, sv), append(names, v)
+		if sv.EQ(targetV) {
+			break
+		}
+	}
+	if len(candidates) == 0 {
+		return []string{}, nil
+	}
+	var plan []string
+	minor := fromV.Minor
+	if minor == targetV.Minor {
+		plan = append(plan, names[0])
+	}
+	for i, sv := range candidates {
+		if sv.Minor > minor {
+			plan = append(plan, names[i])
+		}
+		if sv.Minor == minor && len(plan) > 0 {
+			plan[len(plan)-1] = names[i]
+		}
+		minor = sv.Minor
+	}
+	return plan, nil
 }

@@ -269,6 +269,7 @@ func (s *Sim) createClusterClass(ctx context.Context) error {
 				Bootstrap:      clusterv1.MachineDeploymentClassBootstrapTemplate{TemplateRef: ref(bootstrapv1.GroupVersion.String(), "KubeadmConfigTemplate", s.workersName())},
 				Infrastructure: clusterv1.MachineDeploymentClassInfrastructureTemplate{TemplateRef: ref(infraVersion, builder.GenericInfrastructureMachineTemplateKind, s.workersName())},
 			}}},
+			KubernetesVersions: s.opts.ClassVersions,
 		},
 	}
 	if err := s.mgmt.Create(ctx, class); err != nil {

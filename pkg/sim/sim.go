@@ -61,6 +61,12 @@ type Options struct {
 	// and owns the KCP and the workers' MachineDeployment.
 	Topology bool
 
+	// ClassVersions, on a topology cluster, are the Kubernetes versions the
+	// ClusterClass declares (spec.kubernetesVersions): Cluster API's chained
+	// upgrades then plan an upgrade across several minors through them, and
+	// the Cluster's version must be one of them. Empty declares none.
+	ClassVersions []string
+
 	// Workers is how many worker machines a MachineDeployment
 	// (<cluster>-md-0) keeps: nodes without etcd or static pods, that the
 	// real MachineDeployment and MachineSet controllers create and roll.
@@ -131,6 +137,8 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("failure domains must be 0 (none) or more, got %d", o.FailureDomains)
 	case o.Management != nil && o.AuditLog != "":
 		return errors.New("an audit log needs a management cluster of the simulator's own")
+	case len(o.ClassVersions) > 0 && !o.Topology:
+		return errors.New("ClusterClass versions need a topology cluster")
 	case o.Topology && o.WithoutKCP:
 		return errors.New("a topology cluster needs the KCP controller")
 	case o.Management != nil && o.WithoutKCP:

@@ -216,10 +216,12 @@ func TestManagementAPIServerRestart(t *testing.T) {
 	assertConverged(t, e, 1, to)
 }
 
-// An etcd member of another machine stops while the tool serves a deleting
-// machine's pre-terminate hook, and comes back a few seconds later: the run
-// waits for it (a member that was healthy gets the recovery grace) and
-// finishes, with quorum kept throughout.
+// An etcd member of another machine stops once the tool has deleted a
+// machine, while that machine drains and reaches the pre-terminate hook the
+// tool serves, and comes back once the run reports waiting for it (at most
+// 50 s later, within the recovery grace): the run waits for it (a member
+// that was healthy gets the recovery grace) and finishes, with quorum kept
+// throughout.
 func TestMemberRestartedWhileServingHook(t *testing.T) {
 	t.Parallel()
 	e := fastSim(t, 3)
@@ -245,18 +247,37 @@ func TestMemberRestartedWhileServingHook(t *testing.T) {
 	if err := e.Sim.StopMember(node); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Second)
-	if err := e.Sim.RestartMember(ctx, node); err != nil {
-		t.Fatal(err)
-	}
+	restart := time.After(50 * time.Second)
+	restarted := false
 	var waitedFor []string
-	for ev := range run.Events {
-		if msg := stringOf(ev["message"]); ev["phase"] == "waiting" && strings.Contains(msg, node) {
-			waitedFor = append(waitedFor, fmt.Sprintf("%v: %s", ev["action"], msg))
+	for events := run.Events; events != nil; {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			if msg := stringOf(ev["message"]); ev["phase"] == "waiting" && strings.Contains(msg, node) {
+				waitedFor = append(waitedFor, fmt.Sprintf("%v: %s", ev["action"], msg))
+				if !restarted {
+					restart = time.After(0)
+				}
+			}
+		case <-restart:
+			if !restarted {
+				restarted = true
+				if err := e.Sim.RestartMember(ctx, node); err != nil {
+					t.Fatal(err)
+				}
+			}
+			restart = nil
 		}
 	}
+	if !restarted {
+		t.Fatal("the run ended before the member was restarted")
+	}
 	if code := run.Wait(); code != 0 {
-		t.Fatalf("exit %d after member %s stopped for 5s while the hook of %s was served; stderr:\n%s", code, node, victim, simtest.Tail(run.Stderr(), 15))
+		t.Fatalf("exit %d after member %s stopped while %s was deleted; stderr:\n%s", code, node, victim, simtest.Tail(run.Stderr(), 15))
 	}
 	if len(waitedFor) == 0 {
 		t.Errorf("the run never reported waiting for the stopped member on %s", node)

@@ -137,6 +137,7 @@ func TestLeastPrivilege(t *testing.T) {
 			// list did not return it (controlplane oneRead).
 			"get kubeadmconfigs.bootstrap.cluster.x-k8s.io":                     "a KubeadmConfig without the cluster-name label",
 			"get genericinfrastructuremachines.infrastructure.cluster.x-k8s.io": "an InfraMachine without the cluster-name label",
+			"get clusterclasses.cluster.x-k8s.io":                               "a topology cluster's upgrade across minors (TestClusterClassUpgradeThroughTwoMinors)",
 		}},
 		{identity: operator, role: rbac.Operate(), unexercised: map[string]string{
 			// A server-side apply that creates its object is audited as a
@@ -148,8 +149,9 @@ func TestLeastPrivilege(t *testing.T) {
 			"delete kubeadmconfigs.bootstrap.cluster.x-k8s.io":                     "pieces a killed run left behind (TestKillBeforeMachineCreate)",
 			"delete genericinfrastructuremachines.infrastructure.cluster.x-k8s.io": "pieces a killed run left behind (TestKillBeforeMachineCreate)",
 			// This scenario's cluster has no ClusterClass topology.
-			"patch clusters.cluster.x-k8s.io":          "the target of a topology cluster (TestTopologyCluster)",
-			"list machinedeployments.cluster.x-k8s.io": "upgrade --wait-workers (TestTopologyCluster)",
+			"patch clusters.cluster.x-k8s.io":          "the target of a topology cluster (TestClusterClass*)",
+			"list machinedeployments.cluster.x-k8s.io": "upgrade --wait-workers (TestClusterClassUpgradeThroughTwoMinors)",
+			"get clusterclasses.cluster.x-k8s.io":      "a topology cluster's upgrade across minors (TestClusterClassUpgradeThroughTwoMinors)",
 		}},
 	} {
 		granted := grantedBy(c.role)

@@ -17,16 +17,18 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
-// A cluster built from a ClusterClass, two minors behind: for each hop the
-// tool sets the target in the Cluster's topology, rolls the control plane
-// while the topology controller holds the workers, hands back, and follows
-// the topology controller's upgrade of the workers (between the hops because
-// the topology controller requires it, after the last one because of
-// --wait-workers). Then scale up and down, and a replace, on the same
-// cluster.
-func TestTopologyCluster(t *testing.T) {
+// A cluster built from a ClusterClass that declares its Kubernetes versions
+// (Cluster API's chained upgrades), two minors behind: the upgrade follows
+// the topology controller's own plan through the minor in between, without
+// --via. For each hop the tool sets the target in the Cluster's topology,
+// rolls the control plane while the topology controller holds the workers,
+// hands back, and follows the topology controller's upgrade of the workers
+// (between the hops because the topology controller requires it, after the
+// last one because of --wait-workers).
+func TestClusterClassUpgradeThroughTwoMinors(t *testing.T) {
 	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, Workers: 2, Topology: true, Version: "v1.34.3",
+		ClassVersions:  []string{"v1.34.3", "v1.35.0", "v1.35.2", "v1.36.3"},
 		ProvisionDelay: 500 * time.Millisecond, DeleteDelay: 500 * time.Millisecond})
 	e.AwaitKCP = true
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -35,8 +37,13 @@ func TestTopologyCluster(t *testing.T) {
 	before := machineSet(t, e)
 
 	t.Run("upgrade through two minors with --wait-workers", func(t *testing.T) {
+		// The class's plan: the latest version it declares of v1.35, then
+		// the target.
+		if r := e.Plugin(t, ctx, "plan", "demo", "--version", to); r.Code != 0 || !strings.Contains(r.Stdout, "1/2 "+from) || !strings.Contains(r.Stdout, "2/2 "+to) {
+			t.Fatalf("plan: exit %d, want the hops %s and %s:\n%s", r.Code, from, to, r.Stdout)
+		}
 		mon := watchInvariants(t, e, 4, 2)
-		r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to, "--via", from, "--wait-workers", "-o", "json")
+		r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to, "--wait-workers", "-o", "json")
 		mon.check(t)
 		if r.Code != 0 {
 			t.Fatalf("upgrade exit %d:\n%s", r.Code, simtest.Tail(r.Stderr, 20))
@@ -95,9 +102,20 @@ func TestTopologyCluster(t *testing.T) {
 		assertKCPIdle(t, e)
 		assertTopologySettled(t, e)
 	})
+}
 
-	// The control-plane replicas live in the topology too. Scaling adds or
-	// removes one machine at a time: never more than 5.
+// On a ClusterClass cluster the control-plane replicas live in the topology
+// too: scale up and down sets them there; a replace changes no target.
+func TestClusterClassScaleAndReplace(t *testing.T) {
+	t.Parallel()
+	e := simtest.Start(t, sim.Options{Replicas: 3, Topology: true, Version: to,
+		ProvisionDelay: 500 * time.Millisecond, DeleteDelay: 500 * time.Millisecond})
+	e.AwaitKCP = true
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	c := e.Sim.ManagementClient()
+
+	// Scaling adds or removes one machine at a time: never more than 5.
 	for _, replicas := range []int32{5, 3} {
 		t.Run(fmt.Sprintf("scale to %d", replicas), func(t *testing.T) {
 			mon := watchInvariants(t, e, 5, 2)
