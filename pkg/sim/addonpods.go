@@ -10,6 +10,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/rand"
@@ -147,8 +148,8 @@ func (a *addonPods) kubeProxy(ctx context.Context, nodes []corev1.Node, pods []c
 		if current[n.Name] {
 			continue
 		}
-		pod := podOf(ds, ds.Spec.Template, appsv1.ControllerRevisionHashLabelKey, hash, kubeProxyName+"-", n.Name)
-		if err := a.c.Create(ctx, pod); err != nil {
+		pod := podOf(ds, ds.Spec.Template, appsv1.ControllerRevisionHashLabelKey, hash, podName(kubeProxyName, n.Name+"/"+hash), n.Name)
+		if err := a.c.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating a kube-proxy pod on %s: %w", n.Name, err)
 		}
 	}
@@ -204,13 +205,23 @@ func (a *addonPods) coreDNS(ctx context.Context, nodes []corev1.Node, pods []cor
 		}
 		ownPods = ownPods[:len(ownPods)-1]
 	}
-	for created := len(ownPods); created < want; created++ {
+	taken := map[string]bool{}
+	for _, pod := range ownPods {
+		taken[pod.Name] = true
+	}
+	for created, slot := len(ownPods), 0; created < want; created++ {
 		node := leastLoaded(nodes, perNode, dep.Spec.Template.Spec.Tolerations)
 		if node == "" {
 			break // nowhere to schedule: the pod would stay Pending
 		}
-		pod := podOf(rs, dep.Spec.Template, appsv1.DefaultDeploymentUniqueLabelKey, hash, rs.Name+"-", node)
-		if err := a.c.Create(ctx, pod); err != nil {
+		name := podName(rs.Name, fmt.Sprint(slot))
+		for taken[name] {
+			slot++
+			name = podName(rs.Name, fmt.Sprint(slot))
+		}
+		taken[name] = true
+		pod := podOf(rs, dep.Spec.Template, appsv1.DefaultDeploymentUniqueLabelKey, hash, name, node)
+		if err := a.c.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating a CoreDNS pod on %s: %w", node, err)
 		}
 		perNode[node]++
@@ -324,9 +335,20 @@ func (a *addonPods) updateReplicaSetStatus(ctx context.Context, rs *appsv1.Repli
 	return client.IgnoreNotFound(a.c.Status().Update(ctx, rs))
 }
 
+// podName names a pod after what it is for (its node and template, or its
+// replica slot), the way the controllers' random suffixes look. The
+// controllers keep a read that lags behind their own creations from making a
+// pod twice with expectations; here the second creation of a name fails.
+func podName(prefix, key string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	suffix := rand.SafeEncodeString(fmt.Sprint(h.Sum32()))
+	return prefix + "-" + suffix[:min(5, len(suffix))]
+}
+
 // podOf is a pod of owner's template, labelled with its hash under hashKey,
 // bound to node as the scheduler (or the DaemonSet controller) binds it.
-func podOf(owner client.Object, template corev1.PodTemplateSpec, hashKey, hash, generateName, node string) *corev1.Pod {
+func podOf(owner client.Object, template corev1.PodTemplateSpec, hashKey, hash, name, node string) *corev1.Pod {
 	kind := "DaemonSet"
 	if _, ok := owner.(*appsv1.ReplicaSet); ok {
 		kind = "ReplicaSet"
@@ -336,7 +358,7 @@ func podOf(owner client.Object, template corev1.PodTemplateSpec, hashKey, hash, 
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace:       owner.GetNamespace(),
-			GenerateName:    generateName,
+			Name:            name,
 			Labels:          withLabel(template.Labels, hashKey, hash),
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(owner, appsv1.SchemeGroupVersion.WithKind(kind))},
 		},
