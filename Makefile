@@ -27,7 +27,7 @@ TEST_TIMEOUT   ?= 45m
 # two at a time by pkg/sim/simtest.
 TEST_PARALLEL  ?= 4
 
-.PHONY: all build plugin demo sim test test-e2e test-packages test-faults bench envtest lint release-check clean
+.PHONY: all build plugin demo sim test test-e2e test-packages test-long test-faults bench envtest lint release-check clean
 all: build
 
 build: plugin ## bin/kubectl-cp_rollout, its kubectl completion helper, bin/cp-rollout-sim
@@ -50,7 +50,7 @@ sim: build ## run the simulator in the foreground for your own experiments
 envtest:
 	@hack/envtest-binaries.sh >/dev/null
 
-test: lint envtest plugin ## every package's tests and the end-to-end scenarios but the fault suite
+test: lint envtest plugin ## every package's tests and the end-to-end scenarios but the long and fault suites
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-e2e test-packages PLUGIN_DIR=$(CURDIR)/bin
 
 # test/e2e takes longest by far. `go test ./...` would start it only after the
@@ -67,6 +67,10 @@ TEST_ENV   := KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) $(if $(PLUGIN_DIR)
 # for minutes on a simulator of its own; `make test` leaves them to
 # `make test-faults`, and CI runs both.
 FAULTS     := ^Test(Kill|SecondRunLocked|ReplacementNeverProvisions|WorkloadAPIServerUnreachable|LeaseLostMidRun|ManagementAPIServerRestart|MemberRestarted|MoveLeaderFallsBack|HandbackAfterInterrupted|NoKeyMaterial)
+# The long suite: end-to-end scenarios of ten minutes and more each on a busy
+# two-core machine, one of which would be most of `make test`'s time alone;
+# `make test-long` runs them, and CI runs it too.
+LONG       := ^Test(ClusterClassUpgradeThroughTwoMinors|LeastPrivilege)$$
 # E2E_ALONE runs after the rest of the fault suite, with nothing beside it: the
 # management API server restart must take seconds, as it does on a real
 # control plane, not the minute it can take beside a dozen simulated API
@@ -77,9 +81,12 @@ E2E_ALONE  := ^TestManagementAPIServerRestart$$
 # fourth boundary.
 KILL_MATRIX ?= part
 test-e2e:
-	$(TEST_ENV) $(GO) test $(TEST_FLAGS) -skip '$(FAULTS)' ./test/e2e
+	$(TEST_ENV) $(GO) test $(TEST_FLAGS) -skip '$(FAULTS)|$(LONG)' ./test/e2e
 test-packages:
 	$(TEST_ENV) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v /test/e2e)
+
+test-long: envtest plugin ## the long end-to-end suite: a ClusterClass cluster upgraded two minors with its workers, least privilege under the audit log
+	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) -run '$(LONG)' ./test/e2e
 
 test-faults: envtest plugin ## the fault suite: SIGKILL at step boundaries, stopped members, unreachable API servers, lost Leases
 	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(if $(filter full,$(KILL_MATRIX)),CP_ROLLOUT_FULL_KILL_MATRIX=1) \
