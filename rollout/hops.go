@@ -18,35 +18,46 @@ import (
 // chain, so a run stopped in any hop resumes where the cluster is.
 
 // Hops is the chain of versions an upgrade from lowest (the oldest machine's
-// version) passes through: each of via, then target. Each hop must be newer
-// than the one before and at most one minor above it. A chain that skips a
-// minor names the versions to pass through; errors are bad input (exit 2).
+// version) passes through: each of via, then target. Each must be newer than
+// the one before it, and each that the machines have not all reached yet at
+// most one minor above the last one reached: a hop at or below lowest is one
+// a stopped run already completed, and a re-run passes it by. A chain that
+// skips a minor names the versions to pass through; errors are bad input
+// (exit 2).
 func Hops(lowest string, via []string, target string) ([]string, error) {
 	chain := append(append([]string{}, via...), target)
-	prev, err := semver.ParseTolerant(lowest)
-	if lowest == "" || err != nil {
-		return chain, nil // no machine to measure from: KCP's own checks apply
-	}
-	from := lowest
+	versions := make([]semver.Version, len(chain))
 	for i, hop := range chain {
 		v, err := ParseVersion(hop)
 		if err != nil {
 			return nil, err
 		}
-		if !v.GT(prev) {
-			if i < len(via) {
-				return nil, exitcode.Usagef("--via %s is not newer than %s: each version passed through must be newer than the one before", hop, from)
+		if i > 0 && !v.GT(versions[i-1]) {
+			what := "--via " + hop
+			if i == len(via) {
+				what = "--version " + hop
 			}
-			return chain, nil // the target against the machines: Desired says what is wrong
+			return nil, exitcode.Usagef("%s is not newer than %s: each version passed through must be newer than the one before", what, chain[i-1])
+		}
+		versions[i] = v
+	}
+	prev, err := semver.ParseTolerant(lowest)
+	if lowest == "" || err != nil {
+		return chain, nil // no machine to measure from: KCP's own checks apply
+	}
+	from := lowest
+	for i, v := range versions {
+		if !v.GT(prev) {
+			continue // reached already, or the target against the machines: Desired says what is wrong
 		}
 		if v.Major != prev.Major || v.Minor > prev.Minor+1 {
-			what := hop + " skips a minor version"
+			what := chain[i] + " skips a minor version"
 			if i < len(via) {
-				what = "--via " + hop + " skips a minor version"
+				what = "--via " + chain[i] + " skips a minor version"
 			}
 			return nil, exitcode.Usagef("%s: from %s, pass through %s first (--via, one version of each minor, in order)", what, from, between(prev, v))
 		}
-		prev, from = v, hop
+		prev, from = v, chain[i]
 	}
 	return chain, nil
 }

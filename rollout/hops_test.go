@@ -31,7 +31,9 @@ func TestHops(t *testing.T) {
 		{"a via that skips", "v1.33.0", []string{"v1.35.2"}, "v1.36.3", "--via v1.35.2 skips a minor version: from v1.33.0, pass through a v1.34.x first", true},
 		{"the target skips after the via", "v1.34.3", []string{"v1.35.2"}, "v1.37.0", "v1.37.0 skips a minor version: from v1.35.2", true},
 		{"a via out of order", "v1.34.3", []string{"v1.35.2", "v1.35.1"}, "v1.36.3", "--via v1.35.1 is not newer than v1.35.2", true},
-		{"a via at the machines' version", "v1.35.2", []string{"v1.35.2"}, "v1.36.3", "--via v1.35.2 is not newer than v1.35.2", true},
+		{"a via the machines have reached (a resumed run)", "v1.35.2", []string{"v1.35.2"}, "v1.36.3", "v1.35.2 v1.36.3", false},
+		{"a via below the machines' version", "v1.35.4", []string{"v1.35.2"}, "v1.36.3", "v1.35.2 v1.36.3", false},
+		{"a target not newer than the via", "v1.34.3", []string{"v1.35.2"}, "v1.35.2", "--version v1.35.2 is not newer than v1.35.2", true},
 		{"a via without its v", "v1.34.3", []string{"1.35.2"}, "v1.36.3", `must start with "v"`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
