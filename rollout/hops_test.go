@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -125,10 +126,11 @@ func TestPlanHops(t *testing.T) {
 type classPlan struct {
 	ControlPlane
 	plan []string
+	err  error
 }
 
 func (c classPlan) ClassUpgradePlan(context.Context, *clusterv1.Cluster, string, string) ([]string, error) {
-	return c.plan, nil
+	return c.plan, c.err
 }
 
 // Without --via, a topology cluster whose class declares its versions passes
@@ -147,6 +149,15 @@ func TestViaFollowsTheClassPlan(t *testing.T) {
 	s.CP.Cluster.Spec.Topology = clusterv1.Topology{ClassRef: clusterv1.ClusterClassRef{Name: "c"}, Version: "v1.34.3"}
 	if via, err := e.via(context.Background(), s, plain); err != nil || strings.Join(via, " ") != "v1.35.2" {
 		t.Fatalf("class plan: via %v, %v; want v1.35.2", via, err)
+	}
+	oneMinor := &Engine{ControlPlane: classPlan{err: errors.New("the class was read")}}
+	s2 := world(machineSpec{})
+	for _, m := range s2.CP.Machines {
+		m.Spec.Version = "v1.35.2"
+	}
+	s2.CP.Cluster.Spec.Topology = s.CP.Cluster.Spec.Topology
+	if via, err := oneMinor.via(context.Background(), s2, plain); err != nil || via != nil {
+		t.Fatalf("one minor up: via %v, %v; want none, the class not consulted", via, err)
 	}
 	given := plain
 	given.Via = []string{"v1.35.0"}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/blang/semver/v4"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -133,7 +134,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 // own. It stays out of the record, so a re-run finds the same operation.
 func (e *Engine) via(ctx context.Context, s *Snapshot, r Request) ([]string, error) {
 	lowest := s.CP.Machines.LowestVersion()
-	if len(r.Via) > 0 || lowest == "" || !controlplane.ManagedByTopology(s.CP.Cluster) {
+	if len(r.Via) > 0 || !skipsMinor(lowest, r.Version) || !controlplane.ManagedByTopology(s.CP.Cluster) {
 		return r.Via, nil
 	}
 	plan, err := e.ControlPlane.ClassUpgradePlan(ctx, s.CP.Cluster, lowest, r.Version)
@@ -141,6 +142,14 @@ func (e *Engine) via(ctx context.Context, s *Snapshot, r Request) ([]string, err
 		return nil, err
 	}
 	return plan[:len(plan)-1], nil
+}
+
+// skipsMinor reports whether version to is more than one minor above from;
+// false when either does not parse.
+func skipsMinor(from, to string) bool {
+	f, errF := semver.ParseTolerant(from)
+	t, errT := semver.ParseTolerant(to)
+	return errF == nil && errT == nil && (t.Major != f.Major || t.Minor > f.Minor+1)
 }
 
 // lockedByAnotherRun names the live run holding the cluster's Lease, nil when
