@@ -64,49 +64,71 @@ func Unsettled(cp *kcpstate.ControlPlane) []string {
 func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit time.Duration) (err error) {
 	st := e.begin("await-kcp", "", fmt.Sprintf("waiting up to %s for KCP to take over and agree the rollout is done", limit))
 	defer st.end(&err)
-	var awaited string
-	began := time.Now()
-	for {
-		var unsettled []string
+	var version string
+	err = e.pollUntil(ctx, st, limit, func() ([]string, error) {
 		cp, err := e.ControlPlane.Read(ctx)
 		switch {
 		case ctx.Err() != nil:
-			return ctx.Err()
+			return nil, ctx.Err()
 		case err != nil:
 			// The hand-back is done; a management cluster that cannot be read
 			// for a moment only delays the answer, up to the same limit.
-			unsettled = []string{"cannot read the control plane: " + err.Error()}
-		default:
-			names := cp.Machines.Names()
-			for _, n := range names {
-				if !slices.Contains(handedBack, n) {
-					return exitcode.Timeoutf("KCP created machine %s after the hand-back: it found a rollout of its own to do", n)
-				}
-			}
-			for _, n := range handedBack {
-				if !slices.Contains(names, n) {
-					return exitcode.Timeoutf("KCP deleted machine %s after the hand-back: it found a rollout of its own to do", n)
-				}
-			}
-			if unsettled = Unsettled(cp); len(unsettled) == 0 {
-				switch behind, err := e.Workload.KubeProxyBehind(ctx, cp.KCP); {
-				case err != nil:
-					unsettled = []string{"cannot read kube-proxy: " + err.Error()}
-				case behind != "":
-					unsettled = []string{behind}
-				}
+			return []string{"cannot read the control plane: " + err.Error()}, nil
+		}
+		names := cp.Machines.Names()
+		for _, n := range names {
+			if !slices.Contains(handedBack, n) {
+				return nil, exitcode.Timeoutf("KCP created machine %s after the hand-back: it found a rollout of its own to do", n)
 			}
 		}
-		if len(unsettled) == 0 {
-			st.done(fmt.Sprintf("KCP reports every machine at %s and up to date, and kube-proxy follows", cp.KCP.Spec.Version))
+		for _, n := range handedBack {
+			if !slices.Contains(names, n) {
+				return nil, exitcode.Timeoutf("KCP deleted machine %s after the hand-back: it found a rollout of its own to do", n)
+			}
+		}
+		if unsettled := Unsettled(cp); len(unsettled) > 0 {
+			return unsettled, nil
+		}
+		version = cp.KCP.Spec.Version
+		switch behind, err := e.Workload.KubeProxyBehind(ctx, cp.KCP); {
+		case err != nil:
+			return []string{"cannot read kube-proxy: " + err.Error()}, nil
+		case behind != "":
+			return []string{behind}, nil
+		}
+		return nil, nil
+	}, func(unsettled []string) error {
+		return exitcode.Timeoutf("KCP did not settle within --handback-timeout %s after the hand-back: %s", limit, strings.Join(unsettled, "; "))
+	})
+	if err != nil {
+		return err
+	}
+	st.done(fmt.Sprintf("KCP reports every machine at %s and up to date, and kube-proxy follows", version))
+	return nil
+}
+
+// pollUntil reads with check, again at each change (or every etcdPoll),
+// until check finds nothing left to wait for, reporting on st each time
+// what it waits for first changes. After limit, expired turns what is still
+// left into the error that ends the wait; an error from check ends it at
+// once.
+func (e *Engine) pollUntil(ctx context.Context, st *step, limit time.Duration, check func() ([]string, error), expired func(left []string) error) error {
+	var awaited string
+	began := time.Now()
+	for {
+		left, err := check()
+		if err != nil {
+			return err
+		}
+		if len(left) == 0 {
 			return nil
 		}
-		if unsettled[0] != awaited {
-			awaited = unsettled[0]
+		if left[0] != awaited {
+			awaited = left[0]
 			st.waiting(awaited)
 		}
 		if time.Since(began) > limit {
-			return exitcode.Timeoutf("KCP did not settle within --handback-timeout %s after the hand-back: %s", limit, strings.Join(unsettled, "; "))
+			return expired(left)
 		}
 		e.waitForChange(ctx)
 	}

@@ -71,30 +71,23 @@ func versionList(versions []clusterv1.StatusVersion) string {
 func (e *Engine) awaitWorkers(ctx context.Context, version string, limit time.Duration) (err error) {
 	st := e.begin("await-workers", "", fmt.Sprintf("waiting up to %s for the topology controller to upgrade the workers to %s", limit, version))
 	defer st.end(&err)
-	var awaited string
-	began := time.Now()
-	for {
-		var behind []string
+	var count int
+	err = e.pollUntil(ctx, st, limit, func() ([]string, error) {
 		mds, err := e.ControlPlane.MachineDeployments(ctx)
 		switch {
 		case ctx.Err() != nil:
-			return ctx.Err()
+			return nil, ctx.Err()
 		case err != nil:
-			behind = []string{"cannot read the MachineDeployments: " + err.Error()}
-		default:
-			behind = WorkersBehind(mds, version)
+			return []string{"cannot read the MachineDeployments: " + err.Error()}, nil
 		}
-		if len(behind) == 0 {
-			st.done(fmt.Sprintf("every worker runs %s (%d MachineDeployments)", version, len(mds)))
-			return nil
-		}
-		if behind[0] != awaited {
-			awaited = behind[0]
-			st.waiting(awaited)
-		}
-		if time.Since(began) > limit {
-			return exitcode.Timeoutf("the workers did not reach %s within --workers-timeout %s: %s", version, limit, strings.Join(behind, "; "))
-		}
-		e.waitForChange(ctx)
+		count = len(mds)
+		return WorkersBehind(mds, version), nil
+	}, func(behind []string) error {
+		return exitcode.Timeoutf("the workers did not reach %s within --workers-timeout %s: %s", version, limit, strings.Join(behind, "; "))
+	})
+	if err != nil {
+		return err
 	}
+	st.done(fmt.Sprintf("every worker runs %s (%d MachineDeployments)", version, count))
+	return nil
 }
