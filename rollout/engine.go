@@ -51,6 +51,9 @@ type ControlPlane interface {
 	Delete(ctx context.Context, m *clusterv1.Machine) error
 	// RemoveCleanupHook releases a deleting machine to the Machine controller.
 	RemoveCleanupHook(ctx context.Context, m *clusterv1.Machine) error
+	// DrainRules names the MachineDrainRules Cluster API's drain follows
+	// for the cluster's machines.
+	DrainRules(ctx context.Context) ([]string, error)
 	Orphans(ctx context.Context, cp *kcpstate.ControlPlane) ([]client.Object, error)
 	DeleteOrphan(ctx context.Context, obj client.Object) error
 
@@ -85,6 +88,10 @@ type Workload interface {
 	// PrepareRollout updates what kubeadm reads on the workload cluster before
 	// machines of a new version join, as KCP does.
 	PrepareRollout(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, etcdManaged bool) error
+	// Drain cordons a node and evicts its pods, as Cluster API's drain
+	// would, for at most limit; Uncordon gives the node back.
+	Drain(ctx context.Context, node string, limit time.Duration) (workload.Drained, error)
+	Uncordon(ctx context.Context, node string) error
 	// KubeProxyBehind says how kube-proxy differs from what KCP makes of it
 	// once the machines are done, or "" when it does not.
 	KubeProxyBehind(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) (string, error)

@@ -172,12 +172,23 @@ func (e *Engine) settle(ctx context.Context) (err error) {
 
 // deleteVictim deletes one machine: it gets the kcp-cleanup hook first, so the
 // Machine controller stops before the infrastructure goes and its member is
-// removed while the machine still runs; etcd leadership leaves its member
-// before the deletion starts.
-func (e *Engine) deleteVictim(ctx context.Context, s *Snapshot, next Step) error {
+// removed while the machine still runs; its node is drained, and etcd
+// leadership leaves its member, before the deletion starts.
+func (e *Engine) deleteVictim(ctx context.Context, s *Snapshot, next Step) (err error) {
 	m := next.Machine
 	e.countMachineStep(true)
 	if err := e.ControlPlane.EnsureCleanupHook(ctx, m); err != nil {
+		return err
+	}
+	cordoned, err := e.drain(ctx, m)
+	if cordoned {
+		defer func() {
+			if err != nil {
+				e.uncordon(ctx, m)
+			}
+		}()
+	}
+	if err != nil {
 		return err
 	}
 	if s.EtcdManaged && Leads(s, m) {

@@ -69,6 +69,10 @@ type scripted struct {
 	// kubeProxyReads calls; "" after them.
 	kubeProxyBehind string
 	kubeProxyReads  int
+	// drainRules are the MachineDrainRules DrainRules names.
+	drainRules []string
+	// deleteFails Delete calls fail.
+	deleteFails int
 
 	// What an invariant monitor would see, sampled after every change.
 	maxMachines, minHealthyVoters int
@@ -146,6 +150,22 @@ func (f *scripted) NodeByProviderID(_ context.Context, providerID string) (strin
 	return "", nil
 }
 
+func (f *scripted) DrainRules(context.Context) ([]string, error) { return f.drainRules, nil }
+
+func (f *scripted) Drain(_ context.Context, node string, _ time.Duration) (workload.Drained, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("drain %s", node)
+	return workload.Drained{Cordoned: true}, nil
+}
+
+func (f *scripted) Uncordon(_ context.Context, node string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("uncordon %s", node)
+	return nil
+}
+
 func (f *scripted) KubeProxyBehind(context.Context, *controlplanev1.KubeadmControlPlane) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -194,6 +214,10 @@ func (f *scripted) Delete(_ context.Context, m *clusterv1.Machine) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("delete %s", m.Name)
+	if f.deleteFails > 0 {
+		f.deleteFails--
+		return apierrors.NewInternalError(errors.New("etcdserver: request timed out"))
+	}
 	live := f.machine(m.Name)
 	live.DeletionTimestamp = ptr.To(metav1.Now())
 	live.Status.Conditions = []metav1.Condition{{Type: clusterv1.MachineDeletingCondition, Status: metav1.ConditionTrue, Reason: "DrainingNode"}}
@@ -405,9 +429,9 @@ func TestConvergeReplacesOneMachineAtATime(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"create r1", "hook m0", "move-leader n0->node-r1", "delete m0", "remove-member n0", "release m0",
-		"create r2", "hook m1", "delete m1", "remove-member n1", "release m1",
-		"create r3", "hook m2", "delete m2", "remove-member n2", "release m2",
+		"create r1", "hook m0", "drain n0", "move-leader n0->node-r1", "delete m0", "remove-member n0", "release m0",
+		"create r2", "hook m1", "drain n1", "delete m1", "remove-member n1", "release m1",
+		"create r3", "hook m2", "drain n2", "delete m2", "remove-member n2", "release m2",
 	}
 	if got := strings.Join(f.calls, ", "); got != strings.Join(want, ", ") {
 		t.Fatalf("calls:\n got %s\nwant %s", got, strings.Join(want, ", "))
@@ -543,6 +567,68 @@ func TestConvergeRecovers(t *testing.T) {
 	})
 }
 
+func TestConvergeDrain(t *testing.T) {
+	old := machineSpec{outdated: true}
+	drains := func(f *scripted) (n int) {
+		for _, c := range f.calls {
+			if strings.HasPrefix(c, "drain ") {
+				n++
+			}
+		}
+		return n
+	}
+	t.Run("drains each node before its machine is deleted", func(t *testing.T) {
+		f := newScripted(world(old, old, old))
+		e, _ := engineFor(f, fast)
+		if err := converge(t, e, surge1); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range f.calls {
+			if node, ok := strings.CutPrefix(c, "drain n"); ok && (i+1 >= len(f.calls) || f.calls[i+1] != "delete m"+node) {
+				t.Fatalf("%s is not followed by its machine's deletion: %v", c, f.calls)
+			}
+		}
+		if drains(f) != 3 {
+			t.Fatalf("%d drains for 3 replaced machines: %v", drains(f), f.calls)
+		}
+	})
+	t.Run("MachineDrainRules leave the drain to Cluster API", func(t *testing.T) {
+		f := newScripted(world(old, old, old))
+		f.drainRules = []string{"drain-last"}
+		e, _ := engineFor(f, fast)
+		if err := converge(t, e, surge1); err != nil {
+			t.Fatal(err)
+		}
+		if drains(f) != 0 {
+			t.Fatalf("drained despite MachineDrainRules: %v", f.calls)
+		}
+	})
+	t.Run("a machine that opts out or waits on a pre-drain hook is not drained", func(t *testing.T) {
+		w := world(old, old, old)
+		w.CP.Machines["m0"].Annotations[clusterv1.ExcludeNodeDrainingAnnotation] = ""
+		w.CP.Machines["m1"].Annotations[clusterv1.PreDrainDeleteHookAnnotationPrefix+"/backup"] = ""
+		f := newScripted(w)
+		e, _ := engineFor(f, fast)
+		if err := converge(t, e, surge1); err != nil {
+			t.Fatal(err)
+		}
+		if got := drains(f); got != 1 || !slices.Contains(f.calls, "drain n2") {
+			t.Fatalf("want only n2 drained: %v", f.calls)
+		}
+	})
+	t.Run("a deletion that fails gives the node back", func(t *testing.T) {
+		f := newScripted(world(old, old, old))
+		f.deleteFails = 1
+		e, _ := engineFor(f, fast)
+		if err := converge(t, e, surge1); err == nil {
+			t.Fatal("the run went on after its deletion failed")
+		}
+		if got := strings.Join(f.calls[len(f.calls)-3:], ", "); got != "drain n0, delete m0, uncordon n0" {
+			t.Fatalf("calls end %s; want the drained node uncordoned", got)
+		}
+	})
+}
+
 func TestConvergeLeadership(t *testing.T) {
 	old := machineSpec{outdated: true}
 	t.Run("falls back to the next candidate", func(t *testing.T) {
@@ -552,7 +638,7 @@ func TestConvergeLeadership(t *testing.T) {
 		if err := converge(t, e, surge1); err != nil {
 			t.Fatal(err)
 		}
-		if got := strings.Join(f.calls[2:4], ", "); got != "move-leader n0->node-r1, move-leader n0->n2" {
+		if got := strings.Join(f.calls[3:5], ", "); got != "move-leader n0->node-r1, move-leader n0->n2" {
 			t.Fatalf("moves %s; want the replacement first, then the newest other voter", got)
 		}
 		if !ev.find("move-leader", progress.Failed, "trying the next candidate") {

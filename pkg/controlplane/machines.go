@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -220,4 +221,24 @@ func (c *Client) patchAnnotations(ctx context.Context, obj client.Object, annota
 		return fmt.Errorf("annotating %s %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), err)
 	}
 	return nil
+}
+
+// DrainRules names the MachineDrainRules in the cluster's namespace, where
+// Cluster API's drain looks for them. A cluster with none gets the tool's
+// head-start drain (workload.Drain); one with any is drained by Cluster API
+// alone, which orders and skips pods by them. A Cluster API without the kind
+// has none.
+func (c *Client) DrainRules(ctx context.Context) ([]string, error) {
+	var rules clusterv1.MachineDrainRuleList
+	if err := c.c.List(ctx, &rules, client.InNamespace(c.Namespace)); err != nil {
+		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("listing MachineDrainRules in %s: %w", c.Namespace, err)
+	}
+	names := make([]string, 0, len(rules.Items))
+	for _, r := range rules.Items {
+		names = append(names, r.Name)
+	}
+	return names, nil
 }

@@ -1,0 +1,152 @@
+package workload
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+)
+
+// Drain empties a node before its Machine is deleted, so that Cluster API's
+// own drain finds nothing left to evict. That drain evicts, then looks again
+// only 20 seconds later (drainRetryInterval in the Machine controller), even
+// when the pods were gone in a moment; here each pod's end is seen within
+// drainPoll.
+//
+// It is a head start, never a replacement: it evicts a strict subset of what
+// Cluster API's drain evicts, through the same Eviction API (so
+// PodDisruptionBudgets hold), and leaves everything else — and every pod whose
+// eviction is refused — to it. Cluster API's own drain helper
+// (core/reconcilers/machine/drain) would be the first choice, but it brings
+// Cluster API's admission webhooks with it, 9 MB of the binary, for the
+// MachineDrainRules this never applies: with any MachineDrainRule in the
+// cluster's namespace the caller leaves the drain to Cluster API altogether.
+//
+// Drained reports what was done and, in Left, why the node is not empty yet;
+// an error is returned only when ctx ends.
+func (c *Client) Drain(ctx context.Context, node string, limit time.Duration) (Drained, error) {
+	n, err := c.Kube.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return Drained{Left: "node " + node + " not found"}, nil
+	case err != nil:
+		return Drained{Left: "reading node " + node + ": " + err.Error()}, ctx.Err()
+	case nodeUnreachable(n):
+		// Cluster API drains an unreachable node its own way (short grace
+		// periods, pods that never go are skipped).
+		return Drained{Left: "node " + node + " is unreachable"}, nil
+	}
+	if !n.Spec.Unschedulable {
+		patch := []byte(`{"spec":{"unschedulable":true}}`)
+		if _, err := c.Kube.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			return Drained{Left: "cordoning node " + node + ": " + err.Error()}, ctx.Err()
+		}
+	}
+	d := Drained{Cordoned: true}
+	var remaining []string
+	err = wait.PollUntilContextTimeout(ctx, drainPoll, limit, true, func(ctx context.Context) (bool, error) {
+		pods, err := c.Kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String()})
+		if err != nil {
+			return false, fmt.Errorf("listing the pods of node %s: %w", node, err)
+		}
+		remaining = remaining[:0]
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if !evictable(p) {
+				continue
+			}
+			remaining = append(remaining, p.Namespace+"/"+p.Name)
+			if p.DeletionTimestamp != nil {
+				continue // evicted already; waiting for it to end
+			}
+			if err := c.evict(ctx, p); err != nil {
+				return false, fmt.Errorf("evicting pod %s/%s: %w", p.Namespace, p.Name, err)
+			}
+			d.Evicted = append(d.Evicted, p.Namespace+"/"+p.Name)
+		}
+		return len(remaining) == 0, nil
+	})
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return d, ctx.Err()
+	case wait.Interrupted(err):
+		d.Left = fmt.Sprintf("still terminating after %s: %s", limit, strings.Join(remaining, ", "))
+	default:
+		d.Left = err.Error()
+	}
+	return d, nil
+}
+
+// Drained is what Drain did.
+type Drained struct {
+	// Cordoned is true once the node is marked unschedulable.
+	Cordoned bool
+	// Evicted names the pods evicted, as namespace/name.
+	Evicted []string
+	// Left says why pods may remain for Cluster API's drain; "" when the node
+	// holds none that it would evict.
+	Left string
+}
+
+// Uncordon marks node schedulable again: a drain whose Machine was not
+// deleted after all gives its node back.
+func (c *Client) Uncordon(ctx context.Context, node string) error {
+	patch := []byte(`{"spec":{"unschedulable":false}}`)
+	_, err := c.Kube.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// drainPoll is how often Drain looks whether the evicted pods have ended.
+const drainPoll = 200 * time.Millisecond
+
+// evictable is a pod that Cluster API's drain would evict and that no rule
+// of the user's orders: not a static pod's mirror, not run by a DaemonSet,
+// without the cluster.x-k8s.io/drain label (skip, wait-completed, or a drain
+// order). Cluster API evicts some of the others too (orphaned DaemonSet pods,
+// labelled ones): those are left to it.
+func evictable(p *corev1.Pod) bool {
+	if _, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+		return false
+	}
+	if ref := metav1.GetControllerOf(p); ref != nil && ref.Kind == "DaemonSet" {
+		return false
+	}
+	_, labelled := p.Labels[clusterv1.PodDrainLabel]
+	return !labelled
+}
+
+// evict asks the Eviction API to evict p with its own grace period, as
+// Cluster API's drain does. A pod already gone is not an error.
+func (c *Client) evict(ctx context.Context, p *corev1.Pod) error {
+	err := c.Kube.CoreV1().Pods(p.Namespace).EvictV1(ctx, &policyv1.Eviction{
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// nodeUnreachable is Cluster API's test: the Ready condition is Unknown.
+func nodeUnreachable(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionUnknown
+		}
+	}
+	return false
+}

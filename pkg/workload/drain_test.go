@@ -1,0 +1,121 @@
+package workload
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
+)
+
+// TestDrainEvictsWhatClusterAPIWould, on a real API server: the node is
+// cordoned; a ReplicaSet's pod is evicted and waited for until it is gone;
+// a DaemonSet's pod, a static pod's mirror, a pod labelled for Cluster API's
+// drain and a pod of another node are left alone; a pod that does not end
+// within the limit is named in Left; Uncordon gives the node back.
+func TestDrainEvictsWhatClusterAPIWould(t *testing.T) {
+	assets, err := member.AssetsDir("kube-apiserver", "etcd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &envtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: time.Minute}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	c := &Client{Config: cfg, Kube: kube, Name: "default/demo"}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	for _, name := range []string{"cp-1", "cp-2"} {
+		n, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+		if _, err := kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pod := func(name, node, owner string, mutate func(*corev1.Pod)) {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: name},
+			Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "c"}}},
+		}
+		if owner != "" {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: owner, Name: "o", UID: "u", Controller: ptr.To(true)}}
+		}
+		if mutate != nil {
+			mutate(p)
+		}
+		if _, err := kube.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pod("coredns", "cp-1", "ReplicaSet", nil)
+	pod("stuck", "cp-1", "ReplicaSet", nil)
+	pod("kube-proxy", "cp-1", "DaemonSet", nil)
+	pod("etcd-cp-1", "cp-1", "", func(p *corev1.Pod) { p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "x"} })
+	pod("keep", "cp-1", "ReplicaSet", func(p *corev1.Pod) { p.Labels = map[string]string{clusterv1.PodDrainLabel: "skip"} })
+	pod("elsewhere", "cp-2", "ReplicaSet", nil)
+
+	// No kubelet here: stand in for one, ending each evicted pod a moment
+	// later, except "stuck", which never ends.
+	go func() {
+		for ctx.Err() == nil {
+			pods, _ := kube.CoreV1().Pods(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+			for _, p := range pods.Items {
+				if p.DeletionTimestamp != nil && p.Name != "stuck" {
+					_ = kube.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+				}
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+	}()
+
+	d, err := c.Drain(ctx, "cp-1", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(d.Evicted)
+	if !d.Cordoned || !slices.Equal(d.Evicted, []string{"default/coredns", "default/stuck"}) {
+		t.Fatalf("drain: %+v; want cp-1 cordoned and coredns and stuck evicted", d)
+	}
+	if !strings.Contains(d.Left, "still terminating") || !strings.Contains(d.Left, "default/stuck") || strings.Contains(d.Left, "coredns") {
+		t.Fatalf("left: %q; want only the pod that does not end named", d.Left)
+	}
+	left, err := kube.CoreV1().Pods(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range left.Items {
+		if p.DeletionTimestamp == nil {
+			names = append(names, p.Name)
+		}
+	}
+	if want := []string{"elsewhere", "etcd-cp-1", "keep", "kube-proxy"}; !slices.Equal(names, want) {
+		t.Fatalf("pods left running: %v; want %v", names, want)
+	}
+	if n, _ := kube.CoreV1().Nodes().Get(ctx, "cp-2", metav1.GetOptions{}); n.Spec.Unschedulable {
+		t.Fatal("the other node was cordoned")
+	}
+	if err := c.Uncordon(ctx, "cp-1"); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := kube.CoreV1().Nodes().Get(ctx, "cp-1", metav1.GetOptions{}); n.Spec.Unschedulable {
+		t.Fatal("Uncordon left cp-1 unschedulable")
+	}
+}

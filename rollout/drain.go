@@ -1,0 +1,65 @@
+package rollout
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+)
+
+// drainLimit bounds the head-start drain: pods that take longer to end are
+// left to Cluster API's drain, which waits for them as long as the Machine's
+// nodeDrainTimeout allows.
+const drainLimit = time.Minute
+
+// drain empties m's node just before m is deleted, as Cluster API's drain
+// would (see workload.Drain for why), unless Cluster API must decide how:
+// the machine opts out of draining or waits on a pre-drain hook, or the
+// cluster's namespace has MachineDrainRules. It reports whether the node was
+// cordoned, so a deletion that does not happen can give the node back.
+// Nothing it leaves undone fails the run: Cluster API's drain follows.
+func (e *Engine) drain(ctx context.Context, m *clusterv1.Machine) (cordoned bool, err error) {
+	node := nodeName(m)
+	if node == "" || drainLeftToClusterAPI(m) {
+		return false, nil
+	}
+	rules, err := e.ControlPlane.DrainRules(ctx)
+	if err != nil || len(rules) > 0 {
+		return false, ctx.Err()
+	}
+	st := e.begin("drain", m.Name, "draining node "+node)
+	defer st.end(&err)
+	d, err := e.Workload.Drain(ctx, node, drainLimit)
+	if err != nil {
+		return d.Cordoned, err
+	}
+	msg := fmt.Sprintf("node %s cordoned, %d pods evicted", node, len(d.Evicted))
+	if d.Left != "" {
+		msg += "; left to Cluster API's drain: " + d.Left
+	}
+	st.done(msg)
+	return d.Cordoned, nil
+}
+
+// uncordon gives back the node of a machine that was drained and then not
+// deleted (the run stopped or failed in between). It is best effort, with a
+// context of its own: the run's may be the one that ended.
+func (e *Engine) uncordon(ctx context.Context, m *clusterv1.Machine) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_ = e.Workload.Uncordon(ctx, nodeName(m))
+}
+
+// drainLeftToClusterAPI is a machine whose drain Cluster API must run itself:
+// it is excluded from draining, or a pre-drain hook holds the drain until
+// someone acts on the machine first.
+func drainLeftToClusterAPI(m *clusterv1.Machine) bool {
+	for k := range m.Annotations {
+		if k == clusterv1.ExcludeNodeDrainingAnnotation || strings.HasPrefix(k, clusterv1.PreDrainDeleteHookAnnotationPrefix) {
+			return true
+		}
+	}
+	return false
+}
