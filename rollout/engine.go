@@ -106,9 +106,9 @@ type Etcd interface {
 
 // Changes tells the loop when to read again; *changes.Signal provides it.
 type Changes interface {
-	// Wait returns at the next change, at ctx's end, or after at most max:
-	// the bound covers what no watch reports (etcd).
-	Wait(ctx context.Context, max time.Duration)
+	// Wait returns at the next change (true), at ctx's end, or after at most
+	// max (false): the bound covers what no watch reports (etcd).
+	Wait(ctx context.Context, max time.Duration) bool
 }
 
 // Lock is the run's hold on the cluster; *controlplane.Lock provides it.
@@ -175,6 +175,28 @@ func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
 	}
 	e.rememberHealthy(s)
 	return s, nil
+}
+
+// refreshEtcd is full with its etcd membership read again, taken now: what a
+// wait re-reads when the watches report no change on either cluster since
+// full was read. The run must still hold the cluster.
+func (e *Engine) refreshEtcd(ctx context.Context, full *Snapshot) (*Snapshot, error) {
+	if e.Lock != nil {
+		if err := e.Lock.Held(); err != nil {
+			return nil, err
+		}
+	}
+	s := *full
+	s.Now, s.etcdOnly = time.Now(), true
+	if s.EtcdManaged && len(s.Members) > 0 {
+		members, err := e.Etcd.Members(ctx, EtcdNodes(&s))
+		if err != nil {
+			return nil, err
+		}
+		s.Members = members
+	}
+	e.rememberHealthy(&s)
+	return &s, nil
 }
 
 // findUnreferencedNodes gives a deleting machine whose nodeRef was never set

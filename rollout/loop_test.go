@@ -73,6 +73,9 @@ type scripted struct {
 	drainRules []string
 	// deleteFails Delete calls fail.
 	deleteFails int
+	// watched makes Wait report a change only when the machines or nodes
+	// changed, as the watches would; otherwise every Wait reports one.
+	watched bool
 
 	// What an invariant monitor would see, sampled after every change.
 	maxMachines, minHealthyVoters int
@@ -277,17 +280,30 @@ func (f *scripted) RemoveMember(_ context.Context, _ []etcd.Node, id uint64) err
 
 // Wait moves the world on by one stage; it sleeps a moment so that waits
 // with millisecond limits expire without spinning.
-func (f *scripted) Wait(ctx context.Context, _ time.Duration) {
+func (f *scripted) Wait(ctx context.Context, _ time.Duration) bool {
 	f.mu.Lock()
 	f.trace = append(f.trace, "wait")
 	f.waits++
+	before := f.watchedState()
 	f.advance()
 	if f.onWait != nil {
 		f.onWait(f.world, f.waits)
 	}
 	f.sample()
+	changed := !f.watched || f.watchedState() != before
 	f.mu.Unlock()
 	_ = sleep(ctx, time.Millisecond)
+	return changed
+}
+
+// watchedState is what the watches follow: machines and nodes, not etcd.
+func (f *scripted) watchedState() string {
+	var b strings.Builder
+	for _, m := range f.world.CP.Machines.SortedByCreationTimestamp() {
+		fmt.Fprintf(&b, "%s %s %v %v %v;", m.Name, nodeName(m), m.DeletionTimestamp != nil, m.Annotations, m.Status.Conditions)
+	}
+	fmt.Fprint(&b, f.world.Nodes)
+	return b.String()
 }
 
 func (f *scripted) advance() {
@@ -627,6 +643,38 @@ func TestConvergeDrain(t *testing.T) {
 			t.Fatalf("calls end %s; want the drained node uncordoned", got)
 		}
 	})
+}
+
+// TestAwaitReadsEtcdAloneWhileTheWatchesAreQuiet: while a new member is
+// started and promoted, which no watch reports, a wait reads etcd alone; yet
+// every step is decided on a full read taken after the last wait.
+func TestAwaitReadsEtcdAloneWhileTheWatchesAreQuiet(t *testing.T) {
+	old := machineSpec{outdated: true}
+	f := newScripted(world(old, old, old))
+	f.watched = true
+	e, ev := engineFor(f, fast)
+	if err := converge(t, e, surge1); err != nil {
+		t.Fatal(err)
+	}
+	etcdAlone := 0
+	readSinceWait := true
+	for i, c := range f.trace {
+		switch {
+		case c == "read":
+			readSinceWait = true
+		case c == "wait":
+			if !readSinceWait {
+				etcdAlone++
+			}
+			readSinceWait = false
+		case !readSinceWait:
+			t.Fatalf("%q decided without a full read after the last wait:\n%s", c, strings.Join(f.trace[:i+1], "\n"))
+		}
+	}
+	if etcdAlone == 0 {
+		t.Fatalf("every wait read both clusters again:\n%s", strings.Join(f.trace, "\n"))
+	}
+	ev.paired(t)
 }
 
 func TestConvergeLeadership(t *testing.T) {

@@ -47,9 +47,15 @@ func (t Timeouts) recovery() time.Duration {
 	return unhealthyGrace
 }
 
-// etcdPoll is how often the clusters are read again while waiting when no
-// watch reports a change: nothing reports etcd membership or member health.
+// etcdPoll is how often etcd is read again while waiting when no watch
+// reports a change: nothing reports etcd membership or member health.
 const etcdPoll = time.Second
+
+// fullReadEvery bounds how long a wait goes on etcd reads alone: the
+// Cluster, the KubeadmControlPlane and the machines' InfraMachines and
+// KubeadmConfigs are not watched, and a change to them (someone editing the
+// KubeadmControlPlane mid-run) is seen at the latest this late.
+const fullReadEvery = 10 * time.Second
 
 // waitKind is what a wait is for; it decides the wait's limit and what its
 // expiry says.
@@ -141,9 +147,16 @@ func (w *wait) expired(t Timeouts, last Step, lastErr error) error {
 // change (or every etcdPoll), and ends when Next answers something else — the
 // caller's loop then decides again, on the snapshot the wait ended on — or
 // when the wait's limit is spent.
+//
+// A re-read after a quiet etcdPoll, when the watches reported no change since
+// the wait's last full read, reads etcd alone (see refreshEtcd): nothing else
+// can have changed that the loop looks at. A wait never ends on such a read:
+// when it shows something else to do, a full live read confirms it first, so
+// that the step after the wait acts on a state all read just now.
 func (e *Engine) await(ctx context.Context, t Target, st *step, first Step, kind func(Step) waitKind) error {
 	var w wait
 	next := first
+	var full *Snapshot // the wait's latest full read
 	for {
 		if w.observe(kind(next), next.Reason) {
 			st.waiting(next.Reason)
@@ -151,28 +164,55 @@ func (e *Engine) await(ctx context.Context, t Target, st *step, first Step, kind
 		if err := w.expired(e.Timeouts, next, next.Err); err != nil {
 			return err
 		}
-		e.waitForChange(ctx)
-		s, err := e.read(ctx)
+		changed := e.waitForChange(ctx)
+		s, err := e.reread(ctx, full, changed)
 		if err != nil {
 			return err
 		}
-		next = Next(ctx, s, t)
-		if next.Action != first.Action || machineName(next.Machine) != machineName(first.Machine) ||
-			next.Transient != first.Transient {
+		if next = Next(ctx, s, t); !sameStep(next, first) && s.etcdOnly {
+			if s, err = e.read(ctx); err != nil {
+				return err
+			}
+			next = Next(ctx, s, t)
+		}
+		if !sameStep(next, first) {
 			e.handed = s
 			return nil
+		}
+		if !s.etcdOnly {
+			full = s
 		}
 	}
 }
 
-// waitForChange returns at the next change the watches report, or after
-// etcdPoll.
-func (e *Engine) waitForChange(ctx context.Context) {
+// sameStep is true when next is still the step a wait started on.
+func sameStep(next, first Step) bool {
+	return next.Action == first.Action && machineName(next.Machine) == machineName(first.Machine) &&
+		next.Transient == first.Transient
+}
+
+// reread is a wait's next snapshot: a full live read, or, when nothing the
+// watches follow has changed since full, full with etcd read again.
+func (e *Engine) reread(ctx context.Context, full *Snapshot, changed bool) (*Snapshot, error) {
+	if changed || full == nil || time.Since(full.Now) > fullReadEvery {
+		return e.read(ctx)
+	}
+	s, err := e.refreshEtcd(ctx, full)
+	if err != nil {
+		// Whatever went wrong, the full read retries it and reports it.
+		return e.read(ctx)
+	}
+	return s, nil
+}
+
+// waitForChange returns at the next change the watches report (true), or
+// after etcdPoll (false). Without watches every return counts as a change.
+func (e *Engine) waitForChange(ctx context.Context) bool {
 	if e.Changes == nil {
 		_ = sleep(ctx, etcdPoll)
-		return
+		return true
 	}
-	e.Changes.Wait(ctx, etcdPoll)
+	return e.Changes.Wait(ctx, etcdPoll)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -86,9 +86,10 @@ func Watch(ctx context.Context, mgmt *rest.Config, namespace, cluster string, wo
 	return &Signal{C: c}, nil
 }
 
-// Wait blocks until a change, ctx's end, or at most max — the bound covers
-// what no watch reports (etcd membership and health, which are polled).
-func (ch *Signal) Wait(ctx context.Context, max time.Duration) {
+// Wait blocks until a change (true), ctx's end, or at most max (false) — the
+// bound covers what no watch reports (etcd membership and health, which are
+// polled).
+func (ch *Signal) Wait(ctx context.Context, max time.Duration) bool {
 	t := time.NewTimer(max)
 	defer t.Stop()
 	var c <-chan struct{}
@@ -97,7 +98,9 @@ func (ch *Signal) Wait(ctx context.Context, max time.Duration) {
 	}
 	select {
 	case <-ctx.Done():
+		return false
 	case <-t.C:
+		return false
 	case <-c:
 		// One step of a controller shows as a burst of changes (a Machine's
 		// status, its Node, its pods): let the burst pass, and read once.
@@ -107,6 +110,7 @@ func (ch *Signal) Wait(ctx context.Context, max time.Duration) {
 		case <-ctx.Done():
 		case <-settle.C:
 		}
+		return true
 	}
 }
 
