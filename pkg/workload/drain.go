@@ -54,7 +54,9 @@ func (c *Client) Drain(ctx context.Context, node string, limit time.Duration) (D
 	}
 	d := Drained{Cordoned: true}
 	var remaining []string
-	err = wait.PollUntilContextTimeout(ctx, drainPoll, limit, true, func(ctx context.Context) (bool, error) {
+	// The reads and evictions use ctx, not the poll's context: limit bounds
+	// the waiting, and a request under way when it passes is not cut short.
+	err = wait.PollUntilContextTimeout(ctx, drainPoll, limit, true, func(context.Context) (bool, error) {
 		pods, err := c.Kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
 			FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String()})
 		if err != nil {

@@ -34,9 +34,10 @@ func TestDrainEvictsWhatClusterAPIWould(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Stop() })
+	cfg.QPS, cfg.Burst = 50, 100 // as New sets them
 	kube := kubernetes.NewForConfigOrDie(cfg)
 	c := &Client{Config: cfg, Kube: kube, Name: "default/demo"}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
 	for _, name := range []string{"cp-1", "cp-2"} {
