@@ -20,6 +20,7 @@ import (
 	"github.com/cp-rollout/cp-rollout/deploy/rbac"
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/access"
+	"github.com/cp-rollout/cp-rollout/pkg/audit"
 	"github.com/cp-rollout/cp-rollout/pkg/changes"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -244,6 +245,9 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 	if !use.loop {
 		return engine, cleanup, nil
 	}
+	trail := audit.New(mgmt, state.KCP, controlplane.Who())
+	engine.Reporter = trail.Reporter(use.reporter)
+	closers = append(closers, trail.Close)
 	watchCtx, stop := context.WithCancel(ctx)
 	closers = append(closers, stop)
 	engine.Changes, err = changes.Watch(watchCtx, cfg, c.Namespace, c.Cluster, wl.Kube)

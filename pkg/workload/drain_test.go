@@ -11,11 +11,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/apiservertest"
 )
 
 // TestDrainEvictsWhatClusterAPIWould, on a real API server: the node is
@@ -24,16 +23,7 @@ import (
 // drain and a pod of another node are left alone; a pod that does not end
 // within the limit is named in Left; Uncordon gives the node back.
 func TestDrainEvictsWhatClusterAPIWould(t *testing.T) {
-	assets, err := member.AssetsDir("kube-apiserver", "etcd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := &envtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: time.Minute}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	cfg := apiservertest.Start(t)
 	cfg.QPS, cfg.Burst = 50, 100 // as New sets them
 	kube := kubernetes.NewForConfigOrDie(cfg)
 	c := &Client{Config: cfg, Kube: kube, Name: "default/demo"}

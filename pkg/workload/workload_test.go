@@ -8,9 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/apiservertest"
 )
 
 // TestNodesReadsTheControlPlaneByLabel: nodes and static pods are found as KCP
@@ -19,16 +18,7 @@ import (
 // tier=control-plane is not its static pod, and what is found reports its own
 // readiness and address.
 func TestNodesReadsTheControlPlaneByLabel(t *testing.T) {
-	assets, err := member.AssetsDir("kube-apiserver", "etcd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := &envtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: time.Minute}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	cfg := apiservertest.Start(t)
 	kube := kubernetes.NewForConfigOrDie(cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

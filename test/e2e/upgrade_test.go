@@ -3,11 +3,14 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -83,6 +86,7 @@ func TestUpgradeThreeReplicasSurgeOne(t *testing.T) {
 	assertConverged(t, e, 3, to)
 	simtest.AssertOnePerDomain(t, e.Sim)
 	assertKCPIdle(t, e)
+	assertAuditTrail(t, ctx, e, evs)
 
 	// Re-running the finished upgrade has nothing to do.
 	if r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to); r.Code != 0 || !strings.Contains(r.Stderr, "nothing to do") {
@@ -188,4 +192,46 @@ func TestUpgradeWaitsForDeletingMachine(t *testing.T) {
 func stringOf(v any) string {
 	s, _ := v.(string)
 	return s
+}
+
+// assertAuditTrail: `kubectl events` on the KubeadmControlPlane lists every
+// step the run reported done or failed, with its machine as related object,
+// reported by cp-rollout.
+func assertAuditTrail(t *testing.T, ctx context.Context, e *env, evs []map[string]any) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, "kubectl", "events", "-n", e.Sim.KCPKey().Namespace,
+		"--for", "kubeadmcontrolplane/"+e.Sim.KCPKey().Name, "-o", "json")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.Kubeconfig)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kubectl events: %v", err)
+	}
+	var list corev1.EventList
+	if err := json.Unmarshal(out, &list); err != nil {
+		t.Fatalf("kubectl events -o json: %v\n%s", err, out)
+	}
+	recorded := map[string]int{}
+	for _, ev := range list.Items {
+		if ev.ReportingController == "cp-rollout" {
+			machine := ""
+			if ev.Related != nil {
+				machine = ev.Related.Name
+			}
+			recorded[ev.Action+" "+machine]++
+		}
+	}
+	want := map[string]int{}
+	for _, ev := range evs {
+		if (ev["phase"] == "done" || ev["phase"] == "failed") && ev["action"] != "read" && ev["action"] != "summary" {
+			want[stringOf(ev["action"])+" "+stringOf(ev["machine"])]++
+		}
+	}
+	for step, n := range want {
+		if recorded[step] < n {
+			t.Errorf("kubectl events lists %q %d times, the run did it %d times", step, recorded[step], n)
+		}
+	}
+	if t.Failed() {
+		t.Logf("recorded: %v", recorded)
+	}
 }

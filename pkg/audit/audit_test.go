@@ -1,0 +1,90 @@
+package audit
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/apiservertest"
+)
+
+type discard struct{ n int }
+
+func (d *discard) Report(progress.Event)                       { d.n++ }
+func (d *discard) Summary(progress.Event, []progress.StepTime) {}
+func (d *discard) Stop()                                       {}
+
+// TestTrailRecordsEachStepOnTheKCP, on a real API server (whose validation of
+// events.k8s.io Events would drop a malformed one silently in a run): the end
+// of each step becomes an Event on the KubeadmControlPlane, a failed one a
+// Warning, with the machine related; waits and re-reads do not; every event
+// still reaches the run's own reporter.
+func TestTrailRecordsEachStepOnTheKCP(t *testing.T) {
+	cfg := apiservertest.Start(t)
+	c, err := client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kcp := &controlplanev1.KubeadmControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "demo-control-plane", UID: "kcp-uid"}}
+	trail := New(c, kcp, "ops@bastion/pid-42")
+	next := &discard{}
+	r := trail.Reporter(next)
+	now := time.Now()
+	for _, e := range []progress.Event{
+		{Action: "pause", Phase: progress.Done, Message: "KCP reports Paused"},
+		{Action: "create", Phase: progress.Started, Message: "create a control-plane machine"},
+		{Action: "create", Machine: "demo-control-plane-abcde", Phase: progress.Done, Message: "created at v1.36.3"},
+		{Action: "await-join", Machine: "demo-control-plane-abcde", Phase: progress.Waiting, Message: "no node yet"},
+		{Action: "read", Phase: progress.Done, Message: "read again"},
+		{Action: "move-leader", Machine: "demo-control-plane-old", Phase: progress.Failed, Message: "to x: timed out; trying the next candidate",
+			Hop: progress.Hop{Index: 1, Of: 2, Version: "v1.35.2"}},
+		{Action: "refuse", Machine: "demo-control-plane-old", Phase: progress.Failed, Message: "etcd member x is not healthy"},
+	} {
+		now = now.Add(time.Millisecond)
+		e.Time = now
+		r.Report(e)
+	}
+	trail.Close()
+	if next.n != 7 {
+		t.Fatalf("the run's reporter got %d of 7 events", next.n)
+	}
+
+	var list eventsv1.EventList
+	if err := c.List(context.Background(), &list, client.InNamespace("default")); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ev := range list.Items {
+		related := ""
+		if ev.Related != nil {
+			related = ev.Related.Kind + "/" + ev.Related.Name
+		}
+		if ev.Regarding.Kind != "KubeadmControlPlane" || ev.Regarding.Name != kcp.Name || ev.Regarding.UID != kcp.UID ||
+			ev.ReportingController != "cp-rollout" || ev.ReportingInstance != "ops@bastion/pid-42" {
+			t.Errorf("event %s: regarding %v, reported by %s/%s", ev.Name, ev.Regarding, ev.ReportingController, ev.ReportingInstance)
+		}
+		got = append(got, strings.Join([]string{ev.Type, ev.Reason, ev.Action, related, ev.Note}, " | "))
+	}
+	slices.Sort(got)
+	want := []string{
+		corev1.EventTypeNormal + " | Create | create | Machine/demo-control-plane-abcde | created at v1.36.3",
+		corev1.EventTypeNormal + " | Pause | pause |  | KCP reports Paused",
+		corev1.EventTypeWarning + " | MoveLeaderFailed | move-leader | Machine/demo-control-plane-old | hop 1/2 v1.35.2: to x: timed out; trying the next candidate",
+		corev1.EventTypeWarning + " | Refused | refuse | Machine/demo-control-plane-old | etcd member x is not healthy",
+	}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("events:\n got %s\nwant %s", strings.Join(got, "\n     "), strings.Join(want, "\n     "))
+	}
+}
