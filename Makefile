@@ -93,7 +93,7 @@ test-faults: envtest plugin ## the fault suite: SIGKILL at step boundaries, stop
 		$(GO) test $(TEST_FLAGS) $(if $(filter full,$(KILL_MATRIX)),-timeout 90m) -run '$(FAULTS)' -skip '$(E2E_ALONE)' ./test/e2e
 	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) -run '$(E2E_ALONE)' ./test/e2e
 
-bench: plugin ## the tool against the real KCP on the simulator, 3 runs of 4 rollouts (about 30 minutes); figures in bench/ and docs/performance.md
+bench: plugin ## the tool against the real KCP on the simulator, 3 runs of 4 rollouts (about 50 minutes); figures in bench/ and docs/performance.md
 	@mkdir -p bench
 	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin CP_ROLLOUT_BENCH_OUT=$(CURDIR)/bench \
 		$(GO) test ./test/e2e -run '^$$' -bench BenchmarkRollout -benchtime 1x -timeout 150m
