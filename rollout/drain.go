@@ -3,10 +3,10 @@ package rollout
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
 )
 
 // drainLimit bounds the head-start drain: pods that take longer to end are
@@ -56,10 +56,6 @@ func (e *Engine) uncordon(ctx context.Context, m *clusterv1.Machine) {
 // it is excluded from draining, or a pre-drain hook holds the drain until
 // someone acts on the machine first.
 func drainLeftToClusterAPI(m *clusterv1.Machine) bool {
-	for k := range m.Annotations {
-		if k == clusterv1.ExcludeNodeDrainingAnnotation || strings.HasPrefix(k, clusterv1.PreDrainDeleteHookAnnotationPrefix) {
-			return true
-		}
-	}
-	return false
+	_, excluded := m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation]
+	return excluded || annotations.HasWithPrefix(clusterv1.PreDrainDeleteHookAnnotationPrefix, m.Annotations)
 }

@@ -181,10 +181,8 @@ func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
 // wait re-reads when the watches report no change on either cluster since
 // full was read. The run must still hold the cluster.
 func (e *Engine) refreshEtcd(ctx context.Context, full *Snapshot) (*Snapshot, error) {
-	if e.Lock != nil {
-		if err := e.Lock.Held(); err != nil {
-			return nil, err
-		}
+	if err := e.stillOurs(full); err != nil {
+		return nil, err
 	}
 	s := *full
 	s.Now, s.etcdOnly = time.Now(), true

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/noderefutil"
 )
 
 // Drain empties a node before its Machine is deleted, so that Cluster API's
@@ -41,7 +42,7 @@ func (c *Client) Drain(ctx context.Context, node string, limit time.Duration) (D
 		return Drained{Left: "node " + node + " not found"}, nil
 	case err != nil:
 		return Drained{Left: "reading node " + node + ": " + err.Error()}, ctx.Err()
-	case nodeUnreachable(n):
+	case noderefutil.IsNodeUnreachable(n):
 		// Cluster API drains an unreachable node its own way (short grace
 		// periods, pods that never go are skipped).
 		return Drained{Left: "node " + node + " is unreachable"}, nil
@@ -141,14 +142,4 @@ func (c *Client) evict(ctx context.Context, p *corev1.Pod) error {
 		return nil
 	}
 	return err
-}
-
-// nodeUnreachable is Cluster API's test: the Ready condition is Unknown.
-func nodeUnreachable(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionUnknown
-		}
-	}
-	return false
 }

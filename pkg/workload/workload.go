@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/transport"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"sigs.k8s.io/cluster-api/controllers/noderefutil"
 	"sigs.k8s.io/cluster-api/controllers/remote"
 )
 
@@ -136,7 +137,7 @@ func (c *Client) Nodes(ctx context.Context, names []string, components []string)
 			continue
 		}
 		n.Found = true
-		n.Ready = nodeReady(node)
+		n.Ready = noderefutil.IsNodeReady(node)
 		for _, a := range node.Status.Addresses {
 			if a.Type == corev1.NodeInternalIP {
 				n.InternalIP = a.Address
@@ -159,15 +160,6 @@ func (c *Client) Nodes(ctx context.Context, names []string, components []string)
 		}
 	}
 	return out, nil
-}
-
-func nodeReady(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 func podReady(p *corev1.Pod) bool {
