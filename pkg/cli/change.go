@@ -22,6 +22,10 @@ type changeOptions struct {
 	requestOptions
 	waitLimits
 	DryRun bool
+	Limits fleetLimits // with -l/-A
+	// inFleet marks one cluster's run of a fleet, whose stop is told once
+	// for all.
+	inFleet bool
 }
 
 func newChangeOptions(streams genericiooptions.IOStreams, operation string) changeOptions {
@@ -32,11 +36,25 @@ func (o *changeOptions) addFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
 	o.requestOptions.addFlags(f)
 	o.waitLimits.addFlags(f)
+	o.addSelectionFlags(f)
+	o.Limits.addFlags(f)
 	f.BoolVar(&o.DryRun, "dry-run", false, "Print the plan (as the plan verb does) and change nothing")
+}
+
+// complete takes the CLUSTER argument and what the flags imply.
+func (o *changeOptions) complete(cmd *cobra.Command, args []string) {
+	o.completeCluster(args)
+	o.Limits.complete(cmd)
 }
 
 // validate checks the shared flags; it reads nothing but the options.
 func (o *changeOptions) validate() error {
+	if err := o.validateSelection(o.Request.Operation); err != nil {
+		return err
+	}
+	if err := o.Limits.validate(o.fleet()); err != nil {
+		return err
+	}
 	if err := o.requestOptions.validate(); err != nil {
 		return err
 	}
@@ -49,26 +67,34 @@ func (o *changeOptions) validate() error {
 	return o.validateKCPVersion()
 }
 
-// Run performs the request, or with --dry-run prints its plan.
+// Run performs the request, or with --dry-run prints its plan, on the named
+// cluster or on each selected one.
 func (o *changeOptions) Run(ctx context.Context) error {
-	if o.DryRun {
-		_, err := o.printPlan(ctx)
+	switch {
+	case o.DryRun:
+		_, err := o.printPlans(ctx)
 		return err
+	case o.fleet():
+		return o.runFleet(ctx)
 	}
+	reporter := progress.New(o.Output, o.Streams.Out, o.Streams.ErrOut)
+	defer reporter.Stop()
+	return o.runOne(ctx, reporter)
+}
+
+// runOne performs the request on one cluster, within --timeout.
+func (o *changeOptions) runOne(ctx context.Context, reporter progress.Reporter) error {
 	if o.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, o.Timeout,
 			exitcode.Timeoutf("%s %s did not finish within --timeout %s; re-run the same command to continue", o.Request.Operation, o.Cluster, o.Timeout))
 		defer cancel()
 	}
-	reporter := progress.New(o.Output, o.Streams.Out, o.Streams.ErrOut)
-	defer reporter.Stop()
-
 	err := o.converge(ctx, reporter)
 	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause
 	}
-	if err != nil && ctx.Err() != nil {
+	if err != nil && ctx.Err() != nil && !o.inFleet {
 		fmt.Fprintf(o.Streams.ErrOut, "stopped; the KubeadmControlPlane stays paused with its operation record. Re-run the same command to continue, or `kubectl cp-rollout handback %s` to give control back to KCP.\n", o.Cluster)
 	}
 	return err
@@ -129,14 +155,6 @@ func (l *waitLimits) validate() error {
 	}
 	if l.NoWait {
 		l.Timeouts.Handback = 0
-	}
-	return nil
-}
-
-// clusterArg checks the one positional argument, the Cluster's name.
-func clusterArg(cmd *cobra.Command, args []string) error {
-	if len(args) != 1 {
-		return exitcode.Usagef("%s needs exactly one argument, the Cluster's name; got %d", cmd.Name(), len(args))
 	}
 	return nil
 }

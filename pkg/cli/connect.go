@@ -45,9 +45,11 @@ type managementConfig interface {
 type connection struct {
 	// Management is kubectl's connection flags: the kubeconfig, context,
 	// impersonation and so on.
-	Management   managementConfig
-	Cluster      string
-	Namespace    string // empty: the kubeconfig context's namespace
+	Management managementConfig
+	Cluster    string
+	Namespace  string // empty: the kubeconfig context's namespace
+	// selection is -l/-A instead of Cluster, for the verbs that take it.
+	selection
 	EtcdEndpoint string // direct etcd endpoint template; empty = port-forward
 	KCPVersion   string // overrides detection of the KCP controller's version
 }

@@ -27,34 +27,50 @@ func NewCmdHandback(root *RootOptions, runF func(*HandbackOptions) error) *cobra
 	o := NewHandbackOptions(root.Streams)
 	o.Management = root.ConfigFlags
 	cmd := &cobra.Command{
-		Use:   "handback CLUSTER",
+		Use:   "handback (CLUSTER | -l SELECTOR | -A)",
 		Short: "Give a control plane back to KCP after an interrupted run",
 		Long: `End this tool's ownership of CLUSTER's control plane: release a lock whose
 run is gone, remove the pause and the operation record this tool set on the
 KubeadmControlPlane, and say what KCP will now do by itself. A pause that
 carries no record of this tool is someone else's and is never removed. A lock
-that a live run still renews is only released with --force.`,
+that a live run still renews is only released with --force. With -l/-A, each
+matching cluster is handed back in turn.`,
 		Example: `  kubectl cp-rollout handback prod-eu1`,
-		Args:    clusterArg,
+		Args:    clusterOrSelection,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},
 	}
+	o.addSelectionFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&o.Force, "force", false, "Release the lock even while its holder renews it (only when you know that run is gone)")
 	return cmd
 }
 
-// Complete takes the cluster's name.
+// Complete takes the cluster's name, if given.
 func (o *HandbackOptions) Complete(_ *cobra.Command, args []string) error {
-	o.Cluster = args[0]
+	o.completeCluster(args)
 	return nil
 }
 
-// Validate has nothing to check: the cluster's name is the only input.
-func (o *HandbackOptions) Validate() error { return nil }
+// Validate checks that a cluster or a selection was given.
+func (o *HandbackOptions) Validate() error { return o.validateSelection("handback") }
 
-// Run hands the control plane back and prints what it did to stdout.
+// Run hands the named control plane back, or each selected one in turn, and
+// prints what it did to stdout; over several clusters each line names its
+// cluster, and one that fails does not stop the others.
 func (o *HandbackOptions) Run(ctx context.Context) error {
+	if !o.fleet() {
+		return o.handback(ctx, "")
+	}
+	return o.inTurn(ctx, o.Streams.ErrOut, func(one connection) error {
+		opts := *o
+		opts.connection = one
+		return opts.handback(ctx, one.Namespace+"/"+one.Cluster+": ")
+	})
+}
+
+// handback hands one control plane back, printing each line after prefix.
+func (o *HandbackOptions) handback(ctx context.Context, prefix string) error {
 	engine, closeEngine, err := o.connect(ctx, noLoop)
 	if err != nil {
 		return err
@@ -65,7 +81,7 @@ func (o *HandbackOptions) Run(ctx context.Context) error {
 		return err
 	}
 	for _, line := range done {
-		fmt.Fprintln(o.Streams.Out, line)
+		fmt.Fprintln(o.Streams.Out, prefix+line)
 	}
 	return nil
 }

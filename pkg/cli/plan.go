@@ -63,6 +63,32 @@ func (o *requestOptions) validate() error {
 	return o.validateEtcdEndpoint()
 }
 
+// printPlans prints the plan of the named cluster, or of each selected one
+// in turn, and reports whether any has steps. Over several clusters a
+// cluster whose plan cannot be made does not stop the others; the error
+// carries the worst exit code.
+func (o *requestOptions) printPlans(ctx context.Context) (pending bool, err error) {
+	if !o.fleet() {
+		return o.printPlan(ctx)
+	}
+	first := true
+	err = o.inTurn(ctx, o.Streams.ErrOut, func(one connection) error {
+		if o.Output != "json" {
+			if !first {
+				fmt.Fprintln(o.Streams.Out)
+			}
+			fmt.Fprintf(o.Streams.Out, "CLUSTER %s/%s\n", one.Namespace, one.Cluster)
+		}
+		first = false
+		opts := *o
+		opts.connection = one
+		p, err := opts.printPlan(ctx)
+		pending = pending || p
+		return err
+	})
+	return pending, err
+}
+
 // printPlan prints the plan for the request and reports whether it has steps.
 func (o *requestOptions) printPlan(ctx context.Context) (pending bool, err error) {
 	engine, closeEngine, err := o.connect(ctx, readOnly(o.Streams.ErrOut))
@@ -121,22 +147,23 @@ func NewCmdPlan(root *RootOptions, runF func(*PlanOptions) error) *cobra.Command
 	o := NewPlanOptions(root.Streams)
 	o.Management = root.ConfigFlags
 	cmd := &cobra.Command{
-		Use:   "plan CLUSTER (--version V | --replicas N | --replace MACHINE)",
+		Use:   "plan (CLUSTER | -l SELECTOR | -A) (--version V | --replicas N | --replace MACHINE)",
 		Short: "Show the steps an upgrade, scale or replace would take, changing nothing",
 		Long: `Show, in order, the steps that upgrade, scale or replace would take on CLUSTER
 now, each with its reason, as the rollout loop itself would decide them. Nothing
 is changed and no lock is taken. upgrade, scale and replace with --dry-run print
-the same plan.`,
+the same plan. With -l/-A, each matching cluster's plan is printed in turn.`,
 		Example: `  kubectl cp-rollout plan prod-eu1 --version v1.36.3
   kubectl cp-rollout plan prod-eu1 --replicas 5 -o json
   kubectl cp-rollout plan prod-eu1 --version v1.36.3 --exit-code || echo "rollout pending"`,
-		Args: clusterArg,
+		Args: clusterOrSelection,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},
 	}
 	f := cmd.Flags()
 	o.requestOptions.addFlags(f)
+	o.addSelectionFlags(f)
 	o.ignored.addFlags(f)
 	f.StringVar(&o.version, "version", "", "Plan an upgrade to this Kubernetes version")
 	f.StringSliceVar(&o.via, "via", nil, "With --version: the versions the upgrade passes through first, one rollout each")
@@ -152,7 +179,7 @@ the same plan.`,
 
 // Complete turns the one target flag given into the request.
 func (o *PlanOptions) Complete(cmd *cobra.Command, args []string) error {
-	o.Cluster = args[0]
+	o.completeCluster(args)
 	for _, name := range []string{"version", "replicas", "replace"} {
 		if cmd.Flags().Changed(name) {
 			o.targets++
@@ -176,6 +203,9 @@ func (o *PlanOptions) Validate() error {
 	if o.targets > 1 {
 		return exitcode.Usagef("plan takes one of --version, --replicas or --replace, not several")
 	}
+	if err := o.validateSelection("plan"); err != nil {
+		return err
+	}
 	if err := validateTarget(o.Request); err != nil {
 		return err
 	}
@@ -190,7 +220,7 @@ func (o *PlanOptions) Validate() error {
 
 // Run prints the plan to stdout.
 func (o *PlanOptions) Run(ctx context.Context) error {
-	pending, err := o.printPlan(ctx)
+	pending, err := o.printPlans(ctx)
 	if err == nil && pending && o.ExitCode {
 		return exitcode.New(PendingExitCode, errPending)
 	}
@@ -254,11 +284,14 @@ func printPlan(out io.Writer, format string, req rollout.Request, p *rollout.Pre
 	if format == "json" {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
+		cluster := p.Snapshot.CP.Cluster
 		return enc.Encode(struct {
+			Cluster   string        `json:"cluster"`
+			Namespace string        `json:"namespace"`
 			Operation string        `json:"operation"`
 			Target    string        `json:"target"`
 			Steps     []plannedStep `json:"steps"`
-		}{req.Operation, req.TargetString(), planned})
+		}{cluster.Name, cluster.Namespace, req.Operation, req.TargetString(), planned})
 	}
 	if len(planned) == 0 {
 		_, err := fmt.Fprintln(out, nothingToDoFor(req))

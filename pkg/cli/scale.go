@@ -24,16 +24,16 @@ func NewCmdScale(root *RootOptions, runF func(*ScaleOptions) error) *cobra.Comma
 	o := NewScaleOptions(root.Streams)
 	o.Management = root.ConfigFlags
 	cmd := &cobra.Command{
-		Use:   "scale CLUSTER --replicas N",
+		Use:   "scale (CLUSTER | -l SELECTOR | -A) --replicas N",
 		Short: "Resize a control plane, one machine at a time",
 		Long: `Scale the control plane of CLUSTER to N machines, one at a time. Scaling up
 waits for each new etcd member to be named, promoted and healthy before the
 next; scaling down picks machines in KCP's order, moves etcd leadership away,
 removes each member before its machine goes, and never deletes the last
 machine or a member whose removal would cost quorum. With stacked etcd, N must
-be odd.`,
+be odd. With -l/-A, every matching cluster is scaled, as upgrade does.`,
 		Example: `  kubectl cp-rollout scale prod-eu1 --replicas 5`,
-		Args:    clusterArg,
+		Args:    clusterOrSelection,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},
@@ -46,7 +46,7 @@ be odd.`,
 // Complete puts --replicas in the request only when it was given: its zero
 // value is a count, not "unset".
 func (o *ScaleOptions) Complete(cmd *cobra.Command, args []string) error {
-	o.Cluster = args[0]
+	o.complete(cmd, args)
 	if cmd.Flags().Changed("replicas") {
 		o.Request.Replicas = &o.replicas
 	}

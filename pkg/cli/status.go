@@ -22,6 +22,8 @@ type StatusOptions struct {
 	connection
 	Output  string
 	Streams genericiooptions.IOStreams
+	// Etcd adds, over a fleet, each workload cluster's etcd health.
+	Etcd bool
 }
 
 // NewStatusOptions returns the status verb's defaults.
@@ -35,27 +37,36 @@ func NewCmdStatus(root *RootOptions, runF func(*StatusOptions) error) *cobra.Com
 	o := NewStatusOptions(root.Streams)
 	o.Management = root.ConfigFlags
 	cmd := &cobra.Command{
-		Use:   "status CLUSTER",
+		Use:   "status (CLUSTER | -l SELECTOR | -A)",
 		Short: "Show a control plane: KCP, lock, machines, etcd members and the next step",
 		Long: `Show the KubeadmControlPlane of CLUSTER (version, replicas, pause and this
 tool's operation record), who holds the lock, the control-plane machines and
 the etcd members, and the step a rollout would take next. Read-only: it takes
-no lock and works while a rollout runs.`,
+no lock and works while a rollout runs.
+
+With -l SELECTOR or -A instead of CLUSTER: one row per cluster (version,
+machines up to date, pause and by whom, lock holder, operation in progress
+and the last one finished), from a few reads of the management cluster alone;
+--etcd adds each workload cluster's etcd health, read a few clusters at a time.`,
 		Example: `  kubectl cp-rollout status prod-eu1
-  kubectl cp-rollout status prod-eu1 -o json | jq '.etcdMembers[] | select(.leader)'`,
-		Args: clusterArg,
+  kubectl cp-rollout status prod-eu1 -o json | jq '.etcdMembers[] | select(.leader)'
+  kubectl cp-rollout status -A
+  kubectl cp-rollout status -l env=staging --etcd -o wide`,
+		Args: clusterOrSelection,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},
 	}
 	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text, wide, json or yaml")
 	o.addEtcdEndpointFlag(cmd.Flags())
+	o.addSelectionFlags(cmd.Flags())
+	cmd.Flags().BoolVar(&o.Etcd, "etcd", false, "With -l/-A: also read each workload cluster's etcd members and health (a single cluster's status always does)")
 	return cmd
 }
 
-// Complete takes the cluster's name.
+// Complete takes the cluster's name, if given.
 func (o *StatusOptions) Complete(_ *cobra.Command, args []string) error {
-	o.Cluster = args[0]
+	o.completeCluster(args)
 	return nil
 }
 
@@ -64,11 +75,17 @@ func (o *StatusOptions) Validate() error {
 	if err := oneOf("output", o.Output, "text", "wide", "json", "yaml"); err != nil {
 		return err
 	}
+	if err := o.validateSelection("status"); err != nil {
+		return err
+	}
 	return o.validateEtcdEndpoint()
 }
 
 // Run prints the status to stdout.
 func (o *StatusOptions) Run(ctx context.Context) error {
+	if o.fleet() {
+		return o.runFleet(ctx)
+	}
 	engine, closeEngine, err := o.connect(ctx, readOnly(o.Streams.ErrOut))
 	if err != nil {
 		return err
@@ -78,20 +95,29 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if done, err := o.printData(st); done {
+		return err
+	}
+	return printStatus(o.Streams.Out, st, o.Output == "wide", time.Now())
+}
+
+// printData prints v as -o json or yaml asks; done is false for the table
+// formats, which each caller prints its own way.
+func (o *StatusOptions) printData(v any) (done bool, err error) {
 	switch o.Output {
 	case "json":
 		enc := json.NewEncoder(o.Streams.Out)
 		enc.SetIndent("", "  ")
-		return enc.Encode(st)
+		return true, enc.Encode(v)
 	case "yaml":
-		raw, err := yaml.Marshal(st)
+		raw, err := yaml.Marshal(v)
 		if err != nil {
-			return err
+			return true, err
 		}
 		_, err = o.Streams.Out.Write(raw)
-		return err
+		return true, err
 	}
-	return printStatus(o.Streams.Out, st, o.Output == "wide", time.Now())
+	return false, nil
 }
 
 func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) error {

@@ -30,7 +30,7 @@ func NewCmdUpgrade(root *RootOptions, runF func(*UpgradeOptions) error) *cobra.C
 	o := NewUpgradeOptions(root.Streams)
 	o.Management = root.ConfigFlags
 	cmd := &cobra.Command{
-		Use:   "upgrade CLUSTER --version VERSION",
+		Use:   "upgrade (CLUSTER | -l SELECTOR | -A) --version VERSION",
 		Short: "Upgrade a control plane to a Kubernetes version, one machine at a time",
 		Long: `Upgrade the control plane of CLUSTER to VERSION, replacing one machine at a
 time: create the replacement, wait until its node, static pods and etcd member
@@ -49,12 +49,21 @@ into the KubeadmControlPlane and, after the hand-back, upgrades the workers
 kubeadm allows one minor version per rollout. To upgrade a control plane two
 or more minors behind, name a version of each minor in between with --via:
 each is one complete rollout, handed back and agreed by KCP (and, on a
-ClusterClass cluster, followed by the workers) before the next.`,
+ClusterClass cluster, followed by the workers) before the next.
+
+With -l SELECTOR (and -A for every namespace) instead of CLUSTER, every
+matching cluster is upgraded, --parallel at a time, each exactly as alone:
+its own lock, pause and hand-back, one machine at a time. Once more than
+--max-failures clusters have failed no new one starts; those in flight
+finish. A table at the end says how each ended; the exit code is the worst
+cluster's. Re-running the same command continues: clusters already at
+VERSION have nothing to do.`,
 		Example: `  kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 -n clusters
   kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 --max-surge 0 -o json
   kubectl cp-rollout upgrade staging-7 --version v1.36.3 --wait-workers
-  kubectl cp-rollout upgrade legacy-2 --version v1.36.3 --via v1.35.2`,
-		Args: clusterArg,
+  kubectl cp-rollout upgrade legacy-2 --version v1.36.3 --via v1.35.2
+  kubectl cp-rollout upgrade -A -l env=staging --version v1.36.3 --parallel 2 --max-failures 1`,
+		Args: clusterOrSelection,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},
@@ -67,9 +76,9 @@ ClusterClass cluster, followed by the workers) before the next.`,
 	return cmd
 }
 
-// Complete takes the cluster's name.
-func (o *UpgradeOptions) Complete(_ *cobra.Command, args []string) error {
-	o.Cluster = args[0]
+// Complete takes the cluster's name, if given.
+func (o *UpgradeOptions) Complete(cmd *cobra.Command, args []string) error {
+	o.complete(cmd, args)
 	return nil
 }
 

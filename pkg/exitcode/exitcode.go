@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // The exit codes. Their values are stable: scripts depend on them.
@@ -73,4 +74,32 @@ func Of(err error) int {
 		return Timeout
 	}
 	return Failure
+}
+
+// severity orders the codes from least to most in need of attention, for a
+// command over many clusters, which exits with its worst cluster's code
+// (Worst). Codes that may leave a control plane mid-rollout (a failure, a
+// wait that ran out) rank above refusals that changed nothing there; an
+// interruption outranks them all, as the person who stopped the run decides
+// what follows. The README documents this order.
+var severity = []int{OK, Usage, Forbidden, Locked, Unsafe, Timeout, Failure, Interrupted}
+
+// Worst returns the code among codes that ranks highest in severity; a code
+// outside the documented ones ranks as a Failure. No codes is OK.
+func Worst(codes ...int) int {
+	rank := func(code int) int {
+		for i, c := range severity {
+			if c == code {
+				return i
+			}
+		}
+		return slices.Index(severity, Failure)
+	}
+	worst := OK
+	for _, c := range codes {
+		if rank(c) > rank(worst) {
+			worst = c
+		}
+	}
+	return worst
 }

@@ -101,7 +101,7 @@ func New(output string, out, errOut io.Writer) Reporter {
 	case IsTerminal(out) && IsTerminal(errOut):
 		return newSpinnerReporter(errOut)
 	default:
-		return &lineReporter{w: errOut}
+		return &lineReporter{mu: &sync.Mutex{}, w: errOut}
 	}
 }
 
@@ -182,22 +182,26 @@ func summaryLines(run Event, steps []StepTime) []string {
 	return lines
 }
 
+// lineReporter writes timestamped lines. Over a fleet every cluster's
+// reporter shares one mutex, so lines never interleave, and prefixes its
+// lines with the cluster's namespace/name.
 type lineReporter struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu     *sync.Mutex
+	w      io.Writer
+	prefix string
 }
 
 func (r *lineReporter) Report(e Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	fmt.Fprintf(r.w, "%s %s\n", e.Time.UTC().Format(time.RFC3339), Text(e))
+	fmt.Fprintf(r.w, "%s %s%s\n", e.Time.UTC().Format(time.RFC3339), r.prefix, Text(e))
 }
 
 func (r *lineReporter) Summary(run Event, steps []StepTime) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, l := range summaryLines(run, steps) {
-		fmt.Fprintln(r.w, l)
+		fmt.Fprintln(r.w, r.prefix+l)
 	}
 }
 

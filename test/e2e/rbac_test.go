@@ -57,6 +57,9 @@ func TestLeastPrivilege(t *testing.T) {
 	if r := e.Plugin(t, ctx, as(viewer, "plan", "demo", "--version", to, "--exit-code")...); r.Code != 10 || strings.Contains(r.Stderr, "warning") {
 		t.Errorf("plan as the viewer: exit %d, stderr %q: want 10 and no warning", r.Code, r.Stderr)
 	}
+	if r := e.Plugin(t, ctx, as(viewer, "status", "-A")...); r.Code != 0 || !strings.Contains(r.Stdout, "default/demo") {
+		t.Errorf("status -A as the viewer: exit %d, stdout %q, stderr %q: want 0 and a row for default/demo", r.Code, r.Stdout, r.Stderr)
+	}
 	before := quietVersions(t, e)
 	r := e.Plugin(t, ctx, as(viewer, "upgrade", "demo", "--version", to)...)
 	if r.Code != 6 {
@@ -87,6 +90,14 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 	mon.check(t)
 	assertConverged(t, e, 3, to)
+	// The same upgrade over a selection finds nothing to do; the operator
+	// sees the fleet as the viewer does.
+	if r := e.Plugin(t, ctx, as(operator, "upgrade", "-A", "--version", to)...); r.Code != 0 {
+		t.Errorf("upgrade -A as the operator: exit %d\n%s", r.Code, simtest.Tail(r.Stderr, 20))
+	}
+	if r := e.Plugin(t, ctx, as(operator, "status", "-A")...); r.Code != 0 {
+		t.Errorf("status -A as the operator: exit %d, stderr %q", r.Code, r.Stderr)
+	}
 
 	mon = watchInvariants(t, e, 5, 2)
 	if r := e.Plugin(t, ctx, as(operator, "scale", "demo", "--replicas", "5")...); r.Code != 0 {

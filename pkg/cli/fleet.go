@@ -1,0 +1,376 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/fleet"
+	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/rollout"
+)
+
+// This file is how a verb acts on many clusters: -l/--selector and
+// -A/--all-namespaces select them instead of a CLUSTER name, and each
+// selected cluster gets the one-cluster verb, unchanged.
+
+// selection is -l and -A.
+type selection struct {
+	Selector      string
+	AllNamespaces bool
+	selector      labels.Selector // Selector parsed, by validateSelection
+}
+
+func (s *selection) addSelectionFlags(f *pflag.FlagSet) {
+	f.StringVarP(&s.Selector, "selector", "l", "", "Act on every Cluster whose labels match this selector (e.g. -l env=staging,tier!=prod) instead of a CLUSTER name")
+	f.BoolVarP(&s.AllNamespaces, "all-namespaces", "A", false, "Select Clusters in every namespace (with -l: those matching it; alone: all of them)")
+}
+
+// fleet reports whether the command acts on a selection of clusters rather
+// than on one named cluster.
+func (s *selection) fleet() bool { return s.Selector != "" || s.AllNamespaces }
+
+// clusterOrSelection checks the positional arguments of a verb that takes a
+// CLUSTER name or a selection: at most one name here; validateSelection
+// checks that exactly one of the two was given.
+func clusterOrSelection(cmd *cobra.Command, args []string) error {
+	if len(args) > 1 {
+		return exitcode.Usagef("%s takes one CLUSTER name (or -l/-A instead); got %d arguments", cmd.Name(), len(args))
+	}
+	return nil
+}
+
+// completeCluster takes the CLUSTER argument, if one was given.
+func (c *connection) completeCluster(args []string) {
+	if len(args) == 1 {
+		c.Cluster = args[0]
+	}
+}
+
+// validateSelection checks that a verb got exactly one of a CLUSTER name or
+// -l/-A, and parses the selector.
+func (c *connection) validateSelection(verb string) error {
+	switch {
+	case c.Cluster != "" && c.fleet():
+		return exitcode.Usagef("%s takes a CLUSTER name or -l/-A, not both", verb)
+	case c.Cluster == "" && !c.fleet():
+		return exitcode.Usagef("%s needs a CLUSTER name, or -l SELECTOR / -A to act on several clusters", verb)
+	case c.Selector == "":
+		c.selector = labels.Everything()
+		return nil
+	}
+	sel, err := labels.Parse(c.Selector)
+	if err != nil {
+		return exitcode.Usagef("-l %s: %v", c.Selector, err)
+	}
+	c.selector = sel
+	return nil
+}
+
+// scope is where the selection looks: every namespace with -A, otherwise
+// -n or the kubeconfig context's namespace.
+func (c *connection) scope() (fleet.Scope, error) {
+	scope := fleet.Scope{Selector: c.selector}
+	if c.AllNamespaces {
+		return scope, nil
+	}
+	ns, _, err := c.Management.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return scope, exitcode.Usagef("namespace: %v", err)
+	}
+	scope.Namespace = ns
+	return scope, nil
+}
+
+// managementReader is a plain client of the management cluster, for the
+// reads that select clusters and show the fleet.
+func (c *connection) managementReader() (client.Client, error) {
+	cfg, err := c.Management.ToRESTConfig()
+	if err != nil {
+		return nil, exitcode.Usagef("management cluster: %v", err)
+	}
+	// A fleet's lists are a few pages each; status --etcd then reads each
+	// cluster's Secrets concurrently.
+	cfg.QPS, cfg.Burst = 50, 100
+	return client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
+}
+
+// selectClusters lists the clusters the selection names. None is bad usage,
+// naming the selector; so is a selection of clusters none of which has a
+// KubeadmControlPlane.
+func (c *connection) selectClusters(ctx context.Context) ([]fleet.Cluster, []fleet.Skipped, error) {
+	scope, err := c.scope()
+	if err != nil {
+		return nil, nil, err
+	}
+	mgmt, err := c.managementReader()
+	if err != nil {
+		return nil, nil, err
+	}
+	clusters, skipped, err := fleet.Select(ctx, mgmt, scope)
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case len(clusters) == 0 && len(skipped) == 0:
+		return nil, nil, exitcode.Usagef("no Cluster %s", scope)
+	case len(clusters) == 0:
+		return nil, nil, exitcode.Usagef("no Cluster %s has a KubeadmControlPlane to act on (%s: %s)", scope, skipped[0].Cluster, skipped[0].Reason)
+	}
+	return clusters, skipped, nil
+}
+
+// forCluster is the connection to one selected cluster.
+func (c connection) forCluster(cl fleet.Cluster) connection {
+	c.Cluster, c.Namespace, c.selection = cl.Name, cl.Namespace, selection{}
+	return c
+}
+
+// fleetLimits are --parallel and --max-failures.
+type fleetLimits struct {
+	fleet.Limits
+	given bool // either flag was on the command line
+}
+
+func (l *fleetLimits) addFlags(f *pflag.FlagSet) {
+	l.Parallel = 1
+	f.IntVar(&l.Parallel, "parallel", l.Parallel, "With -l/-A: how many clusters roll at once (each one machine at a time)")
+	f.IntVar(&l.MaxFailures, "max-failures", l.MaxFailures, "With -l/-A: once more clusters than this have failed, start no new one (those in flight finish)")
+}
+
+func (l *fleetLimits) complete(cmd *cobra.Command) {
+	l.given = cmd.Flags().Changed("parallel") || cmd.Flags().Changed("max-failures")
+}
+
+func (l *fleetLimits) validate(fleetMode bool) error {
+	switch {
+	case l.given && !fleetMode:
+		return exitcode.Usagef("--parallel and --max-failures need -l or -A: a named cluster is one cluster")
+	case l.Parallel < 1:
+		return exitcode.Usagef("--parallel must be at least 1, not %d", l.Parallel)
+	case l.MaxFailures < 0:
+		return exitcode.Usagef("--max-failures must not be negative, not %d", l.MaxFailures)
+	}
+	return nil
+}
+
+// machineCounter counts, as a cluster's events pass to its reporter, the
+// machines its run created and deleted, for the fleet's closing table.
+type machineCounter struct {
+	progress.Reporter
+	created, deleted atomic.Int32
+}
+
+func (m *machineCounter) Report(e progress.Event) {
+	if e.Phase == progress.Done {
+		switch rollout.Action(e.Action) {
+		case rollout.Create:
+			m.created.Add(1)
+		case rollout.Delete:
+			m.deleted.Add(1)
+		}
+	}
+	m.Reporter.Report(e)
+}
+
+// machines says what the run did to the machines: "3 replaced", "2 added",
+// "1 replaced, 2 removed".
+func (m *machineCounter) machines() string {
+	created, deleted := int(m.created.Load()), int(m.deleted.Load())
+	replaced := min(created, deleted)
+	var parts []string
+	if replaced > 0 {
+		parts = append(parts, fmt.Sprintf("%d replaced", replaced))
+	}
+	if n := created - replaced; n > 0 {
+		parts = append(parts, fmt.Sprintf("%d added", n))
+	}
+	if n := deleted - replaced; n > 0 {
+		parts = append(parts, fmt.Sprintf("%d removed", n))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// fleetRow is one cluster's line of the closing table; its JSON form is part
+// of the documented "fleet" event.
+type fleetRow struct {
+	fleet.Cluster
+	Result     string `json:"result"` // done, failed, not started, skipped
+	ExitCode   *int   `json:"exitCode,omitempty"`
+	Machines   string `json:"machines,omitempty"`
+	DurationMs int64  `json:"durationMs"`
+	Message    string `json:"message,omitempty"`
+}
+
+// runFleet runs the change on every selected cluster, --parallel at a time,
+// and closes with a table (or with -o json a "fleet" event) of how each
+// ended. Its error carries the worst exit code of the clusters
+// (exitcode.Worst).
+func (o *changeOptions) runFleet(ctx context.Context) error {
+	clusters, skipped, err := o.selectClusters(ctx)
+	if err != nil {
+		return err
+	}
+	board := progress.NewFleet(o.Output, o.Streams.Out, o.Streams.ErrOut)
+	counters := map[fleet.Cluster]*machineCounter{}
+	for _, c := range clusters {
+		counters[c] = &machineCounter{}
+	}
+	results := fleet.Run(ctx, clusters, o.Limits.Limits, func(ctx context.Context, c fleet.Cluster) error {
+		one := *o
+		one.connection, one.inFleet = o.connection.forCluster(c), true
+		counter := counters[c]
+		counter.Reporter = board.For(c.Namespace, c.Name)
+		began := time.Now()
+		err := one.runOne(ctx, counter)
+		outcome := fmt.Sprintf("done: %s in %s", counter.machines(), time.Since(began).Round(100*time.Millisecond))
+		if err != nil {
+			outcome = fmt.Sprintf("failed (exit %d): %v", exitcode.Of(err), err)
+		}
+		board.Finished(c.Namespace, c.Name, err == nil, outcome)
+		return err
+	})
+	board.Stop()
+
+	rows, failed, notStarted, codes := fleetRows(results, skipped, counters)
+	var summary error
+	if failed > 0 || notStarted > 0 {
+		summary = fmt.Errorf("%d of %d clusters failed (%s)", failed, len(clusters), strings.Join(failedNames(rows), ", "))
+		if notStarted > 0 {
+			why := fmt.Sprintf("--max-failures %d", o.Limits.MaxFailures)
+			if ctx.Err() != nil {
+				why = "stopped"
+			}
+			summary = fmt.Errorf("%w; %d not started (%s)", summary, notStarted, why)
+		}
+		code := exitcode.Worst(codes...)
+		if code == exitcode.OK { // none failed: the run was stopped before some started
+			code = exitcode.Interrupted
+		}
+		summary = exitcode.New(code, summary)
+	}
+	if err := printFleet(o.Streams.Out, o.Output, rows, exitcode.Of(summary)); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		fmt.Fprintf(o.Streams.ErrOut, "stopped; each KubeadmControlPlane a run had paused stays paused with its operation record. Re-run the same command to continue.\n")
+	}
+	return summary
+}
+
+// fleetRows is the closing table: the clusters in the order they were
+// selected, then those skipped. It counts the failed and the never started,
+// and gathers the failed ones' exit codes.
+func fleetRows(results []fleet.Result, skipped []fleet.Skipped, counters map[fleet.Cluster]*machineCounter) (rows []fleetRow, failed, notStarted int, codes []int) {
+	for _, r := range results {
+		row := fleetRow{Cluster: r.Cluster, Result: "done", DurationMs: r.Duration.Milliseconds()}
+		switch {
+		case !r.Started:
+			row.Result = "not started"
+			notStarted++
+			rows = append(rows, row)
+			continue
+		case r.Err != nil:
+			row.Result, row.Message = "failed", r.Err.Error()
+			failed++
+		}
+		code := exitcode.Of(r.Err)
+		codes = append(codes, code)
+		row.ExitCode, row.Machines = &code, counters[r.Cluster].machines()
+		rows = append(rows, row)
+	}
+	for _, s := range skipped {
+		rows = append(rows, fleetRow{Cluster: s.Cluster, Result: "skipped", Message: s.Reason})
+	}
+	return rows, failed, notStarted, codes
+}
+
+func failedNames(rows []fleetRow) []string {
+	var names []string
+	for _, r := range rows {
+		if r.Result == "failed" {
+			names = append(names, fmt.Sprintf("%s exit %d", r.Cluster, *r.ExitCode))
+		}
+	}
+	return names
+}
+
+// printFleet prints the closing table, or with -o json the "fleet" event:
+// an event like the others (action "fleet") with every cluster's row.
+func printFleet(out io.Writer, output string, rows []fleetRow, code int) error {
+	if output == "json" {
+		phase := progress.Done
+		if code != exitcode.OK {
+			phase = progress.Failed
+		}
+		return json.NewEncoder(out).Encode(struct {
+			Time     time.Time      `json:"time"`
+			Action   string         `json:"action"`
+			Phase    progress.Phase `json:"phase"`
+			ExitCode int            `json:"exitCode"`
+			Clusters []fleetRow     `json:"clusters"`
+		}{time.Now(), "fleet", phase, code, rows})
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CLUSTER\tRESULT\tEXIT\tMACHINES\tDURATION\tMESSAGE")
+	for _, r := range rows {
+		exit, duration := "-", "-"
+		if r.ExitCode != nil {
+			exit = fmt.Sprint(*r.ExitCode)
+			duration = (time.Duration(r.DurationMs) * time.Millisecond).Round(100 * time.Millisecond).String()
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Cluster, r.Result, exit, dash(r.Machines), duration, dash(firstLine(r.Message)))
+	}
+	return w.Flush()
+}
+
+// firstLine keeps a table row to one line.
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
+
+// inTurn runs do for each selected cluster, one after another, with the
+// connection to that cluster: plan and handback over a fleet, which are
+// quick and print as they go. Skipped clusters are noted on errOut, and so
+// is each failure; one does not stop the others. The error counts the
+// failed clusters and carries the worst exit code.
+func (c *connection) inTurn(ctx context.Context, errOut io.Writer, do func(one connection) error) error {
+	clusters, skipped, err := c.selectClusters(ctx)
+	if err != nil {
+		return err
+	}
+	for _, s := range skipped {
+		fmt.Fprintf(errOut, "%s skipped: %s\n", s.Cluster, s.Reason)
+	}
+	var failed []string
+	var codes []int
+	for _, cl := range clusters {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err := do(c.forCluster(cl)); err != nil {
+			code := exitcode.Of(err)
+			fmt.Fprintf(errOut, "%s: %v\n", cl, err)
+			failed, codes = append(failed, fmt.Sprintf("%s exit %d", cl, code)), append(codes, code)
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	return exitcode.New(exitcode.Worst(codes...), fmt.Errorf("%d of %d clusters failed: %s", len(failed), len(clusters), strings.Join(failed, ", ")))
+}

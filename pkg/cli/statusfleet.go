@@ -1,0 +1,177 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/fleet"
+)
+
+// etcdReadsAtOnce bounds status --etcd: each cluster's read opens a
+// port-forward per member through its workload API server.
+const etcdReadsAtOnce = 8
+
+// runFleet prints one row per selected cluster.
+func (o *StatusOptions) runFleet(ctx context.Context) error {
+	scope, err := o.scope()
+	if err != nil {
+		return err
+	}
+	mgmt, err := o.managementReader()
+	if err != nil {
+		return err
+	}
+	rows, err := fleet.Overview(ctx, mgmt, scope)
+	if err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		return exitcode.Usagef("no Cluster %s", scope)
+	}
+	if o.Etcd {
+		o.readEtcd(ctx, rows)
+	}
+	if done, err := o.printData(rows); done {
+		return err
+	}
+	return printFleetStatus(o.Streams.Out, rows, o.Output == "wide", o.Etcd)
+}
+
+// readEtcd fills each row's etcd health, etcdReadsAtOnce clusters at a time.
+// A cluster that cannot be read says why in its row; it fails nothing.
+func (o *StatusOptions) readEtcd(ctx context.Context, rows []fleet.Row) {
+	var g errgroup.Group
+	g.SetLimit(etcdReadsAtOnce)
+	for i := range rows {
+		if rows[i].Problem != "" {
+			continue
+		}
+		g.Go(func() error {
+			rows[i].Etcd = o.etcdHealth(ctx, rows[i].Cluster)
+			return nil
+		})
+	}
+	_ = g.Wait()
+}
+
+// etcdHealth reads one cluster's etcd members as a single cluster's status
+// does, without its permission check (the fleet's reads already passed).
+func (o *StatusOptions) etcdHealth(ctx context.Context, c fleet.Cluster) *fleet.EtcdHealth {
+	one := o.connection.forCluster(c)
+	engine, closeEngine, err := one.connect(ctx, noLoop)
+	if err != nil {
+		return &fleet.EtcdHealth{Error: err.Error()}
+	}
+	defer closeEngine()
+	s, err := engine.Read(ctx)
+	if err != nil {
+		return &fleet.EtcdHealth{Error: err.Error()}
+	}
+	if !s.EtcdManaged {
+		return &fleet.EtcdHealth{Error: "external etcd"}
+	}
+	h := &fleet.EtcdHealth{Members: len(s.Members)}
+	for _, m := range s.Members {
+		if m.Healthy {
+			h.Healthy++
+		}
+		if m.Leader {
+			h.Leader = m.Name
+		}
+	}
+	return h
+}
+
+func printFleetStatus(out io.Writer, rows []fleet.Row, wide, etcd bool) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	header := "CLUSTER\tVERSION\tREPLICAS\tUP-TO-DATE\tPAUSED\tLOCK\tOPERATION\tLAST OPERATION"
+	if etcd {
+		header += "\tETCD"
+	}
+	if wide {
+		header += "\tDELETING\tSTARTED BY\tPROBLEM"
+	}
+	fmt.Fprintln(w, header)
+	var problems []string
+	for _, r := range rows {
+		if r.Problem != "" {
+			problems = append(problems, fmt.Sprintf("%s: %s", r.Cluster, r.Problem))
+		}
+		line := fmt.Sprintf("%s\t%s\t%d\t%d/%d\t%s\t%s\t%s\t%s", r.Cluster, dash(r.Version), r.Replicas, r.UpToDate, r.Machines,
+			pausedBy(r), lockOf(r), dash(operation(r.Operation)), dash(lastOperation(r.LastOperation)))
+		if etcd {
+			line += "\t" + etcdOf(r.Etcd)
+		}
+		if wide {
+			by := ""
+			if r.Operation != nil {
+				by = r.Operation.Who
+			}
+			line += fmt.Sprintf("\t%d\t%s\t%s", r.Deleting, dash(by), dash(r.Problem))
+		}
+		fmt.Fprintln(w, line)
+	}
+	if !wide {
+		for _, p := range problems {
+			fmt.Fprintf(w, "\nWARNING\t%s\n", p)
+		}
+	}
+	return w.Flush()
+}
+
+func pausedBy(r fleet.Row) string {
+	switch {
+	case r.PausedByUs:
+		return "cp-rollout"
+	case r.Paused:
+		return "someone else"
+	}
+	return "no"
+}
+
+func lockOf(r fleet.Row) string {
+	if r.Lock == nil || r.Lock.Holder == "" {
+		return "free"
+	}
+	if !r.Lock.Live {
+		return r.Lock.Holder + " (expired)"
+	}
+	return r.Lock.Holder
+}
+
+func operation(rec *controlplane.Record) string {
+	if rec == nil {
+		return ""
+	}
+	return rec.Operation + " to " + rec.Target
+}
+
+func lastOperation(rec *controlplane.Record) string {
+	if rec == nil {
+		return ""
+	}
+	line := operation(rec)
+	if rec.Finished != nil {
+		line += ", finished " + rec.Finished.UTC().Format(time.RFC3339)
+	}
+	return line
+}
+
+// etcdOf is the ETCD column: healthy members of all and the leader, or why
+// etcd could not be read.
+func etcdOf(h *fleet.EtcdHealth) string {
+	switch {
+	case h == nil:
+		return "-"
+	case h.Error != "":
+		return "unreadable: " + firstLine(h.Error)
+	}
+	return fmt.Sprintf("%d/%d healthy, leader %s", h.Healthy, h.Members, dash(h.Leader))
+}
