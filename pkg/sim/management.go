@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/test/builder"
 
 	"github.com/cp-rollout/cp-rollout/pkg/sim/manifests"
 )
@@ -129,7 +128,7 @@ func (m *Management) Stop() error {
 // Cluster API's admission webhook configurations, which envtest points at a
 // local server with a certificate of its own (the core manager serves it).
 func managementEnvironment(apiServerBin, etcdBin, assetsDir string) (*envtest.Environment, error) {
-	crdList, err := manifests.CRDs()
+	crdList, err := manifests.ManagementCRDs()
 	if err != nil {
 		return nil, err
 	}
@@ -137,12 +136,6 @@ func managementEnvironment(apiServerBin, etcdBin, assetsDir string) (*envtest.En
 	if err != nil {
 		return nil, err
 	}
-	crdList = append(crdList,
-		builder.GenericInfrastructureClusterCRD.DeepCopy(),
-		builder.GenericInfrastructureClusterTemplateCRD.DeepCopy(),
-		builder.GenericInfrastructureMachineCRD.DeepCopy(),
-		builder.GenericInfrastructureMachineTemplateCRD.DeepCopy(),
-	)
 	return &envtest.Environment{
 		ControlPlane:          envtest.ControlPlane{APIServer: &envtest.APIServer{Path: apiServerBin}, Etcd: &envtest.Etcd{Path: etcdBin}},
 		BinaryAssetsDirectory: assetsDir,

@@ -4,7 +4,8 @@
 // bootstrap) with the contract labels a release adds, and the three
 // providers' admission webhook configurations. They are copied from the
 // sigs.k8s.io/cluster-api module (see gen) and embedded so the simulator does
-// not depend on a module cache at run time.
+// not depend on a module cache at run time. ManagementCRDs adds the generic
+// infrastructure provider's, which cluster-api defines in Go.
 package manifests
 
 import (
@@ -17,6 +18,8 @@ import (
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"sigs.k8s.io/yaml"
+
+	"sigs.k8s.io/cluster-api/util/test/builder"
 )
 
 //go:generate go run ./gen
@@ -36,6 +39,23 @@ func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 		return nil
 	})
 	return out, err
+}
+
+// ManagementCRDs returns what a management cluster of the simulator's
+// installs: CRDs() and the generic infrastructure provider's cluster, machine
+// and template CRDs (cluster-api's util/test/builder), the infrastructure the
+// simulated provider serves. Each call returns copies of its own.
+func ManagementCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
+	list, err := CRDs()
+	if err != nil {
+		return nil, err
+	}
+	return append(list,
+		builder.GenericInfrastructureClusterCRD.DeepCopy(),
+		builder.GenericInfrastructureClusterTemplateCRD.DeepCopy(),
+		builder.GenericInfrastructureMachineCRD.DeepCopy(),
+		builder.GenericInfrastructureMachineTemplateCRD.DeepCopy(),
+	), nil
 }
 
 // Webhooks returns the core, kubeadm bootstrap and kubeadm control plane
