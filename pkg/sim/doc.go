@@ -28,9 +28,11 @@
 //
 // Several simulators can share one management cluster (StartManagement,
 // Options.Management), as one management cluster hosts many clusters: its
-// Cluster API controllers serve them all, and each simulator keeps its
-// Cluster in a namespace of its own with its own provider, workload cluster,
-// members and nodes.
+// Cluster API controllers serve them all, and each simulator has its own
+// provider, workload cluster, members and nodes. Their Clusters may share a
+// namespace when their names differ: a provider serves only the objects
+// labelled with its Cluster's name. Options.Labels labels a Cluster, as a
+// fleet's clusters are labelled to be selected.
 //
 // The simulated part is provider.go: an infrastructure provider that reports
 // the infrastructure cluster provisioned (with Options.FailureDomains), gives

@@ -22,8 +22,9 @@ import (
 // Management is a management cluster (a real kube-apiserver and etcd with
 // Cluster API's CRDs, core and KubeadmControlPlane controllers) that several
 // simulators share, as one management cluster hosts many clusters. Each
-// simulator on it keeps its Cluster in a namespace of its own, with its own
-// simulated provider, workload cluster, etcd members and nodes. Sharing saves
+// simulator on it has its own simulated provider, workload cluster, etcd
+// members and nodes, and its Cluster in a namespace of its own or in one it
+// shares with other simulators' Clusters of other names. Sharing saves
 // an API server's and the controllers' start-up (most of a simulator's) and
 // their idle load per cluster.
 //

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"strconv"
 	"time"
@@ -80,7 +81,7 @@ func (s *Sim) createManagementObjects(ctx context.Context) error {
 		return err
 	}
 	cluster := &clusterv1.Cluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: s.opts.ClusterName},
+		ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: s.opts.ClusterName, Labels: maps.Clone(s.opts.Labels)},
 		Spec:       clusterv1.ClusterSpec{ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: host, Port: port}},
 	}
 	if s.opts.Topology {

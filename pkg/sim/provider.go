@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -112,18 +113,30 @@ func (s *Sim) newProviderManager() (ctrl.Manager, error) {
 		return nil, err
 	}
 
-	var cacheOpts ctrlcache.Options
-	if s.opts.Management != nil {
-		// Each simulator on a shared management cluster provides its own
-		// namespace's machines.
-		cacheOpts.DefaultNamespaces = map[string]ctrlcache.Config{s.opts.Namespace: {}}
+	// The provider serves its own Cluster's machines only: a management
+	// cluster hosts other clusters, simulated ones with providers of their
+	// own (in this namespace too) and inert ones that nothing provisions.
+	// What it watches carries the Cluster's name label: Machines from their
+	// webhook, InfraMachines and the infrastructure cluster from their
+	// creator (KCP, a MachineSet, the topology controller) or, at the latest,
+	// together with the owner reference the provider waits for.
+	infraMachine := &unstructured.Unstructured{}
+	infraMachine.SetGroupVersionKind(infraMachineGVK)
+	infraCluster := &unstructured.Unstructured{}
+	infraCluster.SetGroupVersionKind(infraClusterGVK)
+	ownCluster := ctrlcache.ByObject{Label: labels.SelectorFromSet(labels.Set{clusterv1.ClusterNameLabel: s.opts.ClusterName})}
+	cacheOpts := ctrlcache.Options{
+		DefaultNamespaces: map[string]ctrlcache.Config{s.opts.Namespace: {}},
+		ByObject: map[client.Object]ctrlcache.ByObject{
+			infraMachine:         ownCluster,
+			infraCluster:         ownCluster,
+			&clusterv1.Machine{}: ownCluster,
+		},
 	}
 	mgr, err := ctrl.NewManager(s.mgmtConfig, managerOptions(s.opts.Log, "simulated-provider", cacheOpts, client.Options{}))
 	if err != nil {
 		return nil, err
 	}
-	infraMachine := &unstructured.Unstructured{}
-	infraMachine.SetGroupVersionKind(infraMachineGVK)
 	// One worker: an etcd member joins as a learner and etcd allows one
 	// learner at a time, so nodes come up one after another, as kubeadm join
 	// serialises them in production.
@@ -136,8 +149,6 @@ func (s *Sim) newProviderManager() (ctrl.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	infraCluster := &unstructured.Unstructured{}
-	infraCluster.SetGroupVersionKind(infraClusterGVK)
 	err = builder.ControllerManagedBy(mgr).
 		Named("simulated-infrastructure-cluster").
 		For(infraCluster).
@@ -158,7 +169,7 @@ func (p *provider) reconcileCluster(ctx context.Context, req reconcile.Request) 
 	for _, o := range ic.GetOwnerReferences() {
 		owned = owned || (o.Kind == "Cluster" && o.Name == p.s.opts.ClusterName)
 	}
-	if req.Namespace != p.s.opts.Namespace || !owned || !ic.GetDeletionTimestamp().IsZero() {
+	if !p.s.ownObject(ic) || !owned || !ic.GetDeletionTimestamp().IsZero() {
 		return reconcile.Result{}, nil
 	}
 	if done, _, _ := unstructured.NestedBool(ic.Object, "status", "initialization", "provisioned"); done {
@@ -178,6 +189,12 @@ func (p *provider) reconcileCluster(ctx context.Context, req reconcile.Request) 
 		}
 	}
 	return reconcile.Result{}, p.c.Status().Patch(ctx, ic, patch)
+}
+
+// ownObject reports whether a management-cluster object belongs to the
+// simulator's Cluster: in its namespace and labelled with its name.
+func (s *Sim) ownObject(o client.Object) bool {
+	return o.GetNamespace() == s.opts.Namespace && o.GetLabels()[clusterv1.ClusterNameLabel] == s.opts.ClusterName
 }
 
 // infraMachineOf maps a Machine to its InfraMachine, as providers do to see
@@ -201,7 +218,9 @@ func (p *provider) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 		}
 		return reconcile.Result{}, err
 	}
-	if req.Namespace != p.s.opts.Namespace {
+	// The request may come from a Machine; the InfraMachine it names is read
+	// afresh, past the cache's filter.
+	if !p.s.ownObject(im) {
 		return reconcile.Result{}, nil
 	}
 

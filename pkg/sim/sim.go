@@ -32,6 +32,9 @@ type Options struct {
 	ClusterName string
 	// Namespace holds the Cluster and its objects; created when missing. Default "default".
 	Namespace string
+	// Labels are put on the Cluster, as a fleet's clusters carry labels
+	// (env=prod, region=...) that select them. None by default.
+	Labels map[string]string
 	// Replicas is the number of control-plane machines. Default 3.
 	Replicas int32
 	// Version is the Kubernetes version of the KCP and its machines. Default "v1.35.2".
@@ -92,9 +95,11 @@ type Options struct {
 	// Management is a management cluster shared with other simulators
 	// (StartManagement), whose Cluster API controllers serve every cluster
 	// on it; nil starts one of the simulator's own, with its own
-	// controllers. On a shared one every simulator needs a Namespace of its
-	// own; WithoutKCP, AuditLog and RestartManagementAPIServer need a
-	// management cluster of the simulator's own.
+	// controllers. Simulators on a shared one may share a Namespace as long
+	// as their ClusterNames differ: each simulated provider serves its own
+	// Cluster's objects only. WithoutKCP, AuditLog and
+	// RestartManagementAPIServer need a management cluster of the
+	// simulator's own.
 	Management *Management
 
 	// AssetsDir holds kube-apiserver and etcd; default AssetsDir().
