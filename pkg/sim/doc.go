@@ -34,6 +34,12 @@
 // labelled with its Cluster's name. Options.Labels labels a Cluster, as a
 // fleet's clusters are labelled to be selected.
 //
+// CreateInertClusters adds clusters that exist only as management-cluster
+// objects (a paused Cluster, its KCP and healthy-looking Machines, no
+// workload cluster or etcd): a fleet of hundreds to list and select from,
+// at the cost of a few objects each. apiservertest.StartCAPI serves them
+// without any controller.
+//
 // The simulated part is provider.go: an infrastructure provider that reports
 // the infrastructure cluster provisioned (with Options.FailureDomains), gives
 // an InfraMachine a host within Options.Capacity and boots it (Node, mirror

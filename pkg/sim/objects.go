@@ -41,6 +41,8 @@ const (
 	coreControllerImage      = "registry.k8s.io/cluster-api/cluster-api-controller:v1.14.2"
 )
 
+// infraTemplateName names the control plane's infrastructure machine
+// template, as userKCP refers to it.
 func (s *Sim) infraTemplateName() string { return s.opts.ClusterName + "-control-plane" }
 
 // workloadEndpoint is the workload API server's host and port, the Cluster's
@@ -296,21 +298,26 @@ func (s *Sim) topology() clusterv1.Topology {
 // desiredKCP is the KubeadmControlPlane as a user would write it; its
 // webhook adds the defaults. It starts paused (see createInitialMachines).
 func (s *Sim) desiredKCP() *controlplanev1.KubeadmControlPlane {
+	kcp := userKCP(s.opts.Namespace, s.opts.ClusterName, s.opts.Version, s.opts.Replicas)
+	kcp.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
+	return kcp
+}
+
+// userKCP is a cluster's KubeadmControlPlane <cluster>-control-plane as a
+// cluster template holds it, its machines made from the generic
+// infrastructure template <cluster>-control-plane.
+func userKCP(namespace, cluster, version string, replicas int32) *controlplanev1.KubeadmControlPlane {
 	return &controlplanev1.KubeadmControlPlane{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace:   s.opts.Namespace,
-			Name:        s.opts.ClusterName + "-control-plane",
-			Annotations: map[string]string{clusterv1.PausedAnnotation: ""},
-		},
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: cluster + "-control-plane"},
 		Spec: controlplanev1.KubeadmControlPlaneSpec{
-			Replicas: ptr.To(s.opts.Replicas),
-			Version:  s.opts.Version,
+			Replicas: ptr.To(replicas),
+			Version:  version,
 			MachineTemplate: controlplanev1.KubeadmControlPlaneMachineTemplate{
 				Spec: controlplanev1.KubeadmControlPlaneMachineTemplateSpec{
 					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
 						APIGroup: builder.InfrastructureGroupVersion.Group,
 						Kind:     builder.GenericInfrastructureMachineTemplateKind,
-						Name:     s.infraTemplateName(),
+						Name:     cluster + "-control-plane",
 					},
 				},
 			},
