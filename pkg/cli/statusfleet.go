@@ -96,7 +96,7 @@ func printFleetStatus(out io.Writer, rows []fleet.Row, wide, etcd bool) error {
 		header += "\tETCD"
 	}
 	if wide {
-		header += "\tDELETING\tSTARTED BY\tPROBLEM"
+		header += "\tSTARTED BY\tPROBLEM"
 	}
 	fmt.Fprintln(w, header)
 	var problems []string
@@ -114,7 +114,7 @@ func printFleetStatus(out io.Writer, rows []fleet.Row, wide, etcd bool) error {
 			if r.Operation != nil {
 				by = r.Operation.Who
 			}
-			line += fmt.Sprintf("\t%d\t%s\t%s", r.Deleting, dash(by), dash(r.Problem))
+			line += fmt.Sprintf("\t%s\t%s", dash(by), dash(r.Problem))
 		}
 		fmt.Fprintln(w, line)
 	}

@@ -57,7 +57,7 @@ type Skipped struct {
 // listPage bounds each list request, so that the tool's memory follows the
 // page and not the fleet (a management cluster may hold thousands of
 // Machines).
-const listPage = 500
+var listPage int64 = 500
 
 // Select lists the Clusters in scope, sorted by namespace and name. Those
 // whose control plane is not a KubeadmControlPlane, or that are being
