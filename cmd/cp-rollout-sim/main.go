@@ -5,6 +5,16 @@
 //	cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default]
 //	    [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s]
 //	    [--capacity 0] [--failure-domains 0] [--workers 0] [--topology] [--class-versions V,V,...] [--mhc=true] [--without-kcp]
+//	    [--clusters 1] [--inert-clusters 0] [--inert-machines 3]
+//
+// One cluster is named --cluster. --clusters N runs N, <cluster>-1 …
+// <cluster>-N, on one management cluster with one set of Cluster API
+// controllers, each with its own workload API server, etcd members and nodes
+// (on 127.0.<i>.x) and the other flags' settings; all are labelled env=sim.
+// --inert-clusters M adds inert-1 … inert-M, labelled env=inert: paused
+// clusters of --inert-machines healthy-looking control-plane machines that
+// are management-cluster objects only (sim.CreateInertClusters), a fleet to
+// select from at little cost. Every cluster is in --namespace.
 package main
 
 import (
@@ -12,8 +22,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -21,6 +33,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/spf13/pflag"
+	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 
@@ -37,12 +50,22 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// maxClusters is how many simulated clusters --clusters may ask for: each
+// takes a loopback /24, 127.0.1 … 127.0.254.
+const maxClusters = 254
+
 type upOptions struct {
 	kubeconfigOut string
 	mhc           bool
 	verbose       bool
 	startTimeout  time.Duration
-	sim           sim.Options
+	clusters      int
+	inertClusters int
+	inertMachines int
+	// sim is every simulated cluster's options; a cluster of several gets
+	// its name, addresses and the shared management cluster from
+	// clusterOptions.
+	sim sim.Options
 }
 
 func parseUp(args []string) (*upOptions, error) {
@@ -66,12 +89,16 @@ func parseUp(args []string) (*upOptions, error) {
 	})
 	fs.BoolVar(&o.mhc, "mhc", true, "watch the control-plane machines with the MachineHealthCheck Cluster API recommends (node not Ready for 5m)")
 	fs.BoolVar(&o.sim.WithoutKCP, "without-kcp", false, "do not run the KubeadmControlPlane controller")
+	fs.IntVar(&o.clusters, "clusters", 1, "simulated clusters <cluster>-1 ... <cluster>-N on one management cluster, each with its own workload cluster, etcd and nodes; 1 means one named --cluster")
+	fs.IntVar(&o.inertClusters, "inert-clusters", 0, "paused clusters inert-1 ... inert-M (env=inert) that are management-cluster objects only: no workload cluster, no etcd")
+	fs.IntVar(&o.inertMachines, "inert-machines", 3, "control-plane machines of each inert cluster (odd, as KCP's webhook wants with stacked etcd)")
 	fs.BoolVarP(&o.verbose, "verbose", "v", false, "log the controllers to stderr")
 	fs.DurationVar(&o.startTimeout, "start-timeout", 3*time.Minute, "give up when not ready after this long")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	o.sim.WithoutMachineHealthCheck = !o.mhc
+	o.sim.Labels = map[string]string{"env": "sim"}
 	switch {
 	case fs.NArg() > 0:
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -91,8 +118,42 @@ func parseUp(args []string) (*upOptions, error) {
 		return nil, fmt.Errorf("--workers must be 0 (none) or more, got %d", o.sim.Workers)
 	case o.sim.ClusterName == "" || o.sim.Namespace == "":
 		return nil, errors.New("--cluster and --namespace must not be empty")
+	case o.clusters < 1 || o.clusters > maxClusters:
+		return nil, fmt.Errorf("--clusters must be between 1 and %d, got %d", maxClusters, o.clusters)
+	case o.clusters > 1 && o.sim.WithoutKCP:
+		return nil, errors.New("--without-kcp needs a management cluster of the cluster's own, not one of --clusters > 1")
+	case o.inertClusters < 0:
+		return nil, fmt.Errorf("--inert-clusters must be 0 (none) or more, got %d", o.inertClusters)
+	case o.inertMachines < 1 || o.inertMachines%2 == 0:
+		return nil, fmt.Errorf("--inert-machines must be odd (a KubeadmControlPlane with stacked etcd), got %d", o.inertMachines)
+	}
+	for i := 1; i <= o.clusters; i++ {
+		if name := o.clusterOptions(i, nil).ClusterName; o.isInert(name) {
+			return nil, fmt.Errorf("cluster %s would be one of the inert clusters: choose another --cluster", name)
+		}
 	}
 	return o, nil
+}
+
+// clusterOptions are the options of the i-th (from 1) simulated cluster: the
+// one named --cluster, or <cluster>-<i> of several on the management cluster
+// m with addresses of its own.
+func (o *upOptions) clusterOptions(i int, m *sim.Management) sim.Options {
+	opts := o.sim
+	opts.Labels = maps.Clone(o.sim.Labels)
+	if o.clusters > 1 {
+		opts.ClusterName = fmt.Sprintf("%s-%d", o.sim.ClusterName, i)
+		opts.AddressPrefix = fmt.Sprintf("127.0.%d", i)
+		opts.Management = m
+	}
+	return opts
+}
+
+// isInert reports whether name is one of the inert clusters'.
+func (o *upOptions) isInert(name string) bool {
+	_, number, ok := strings.Cut(name, "-")
+	i, err := strconv.Atoi(number)
+	return ok && err == nil && i >= 1 && i <= o.inertClusters && name == sim.InertClusterName(i)
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -135,52 +196,131 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-const usage = "cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default] [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s] [--capacity 0] [--failure-domains 0] [--workers 0] [--topology] [--class-versions V,V,...] [--mhc=true] [--without-kcp] [-v]"
+const usage = "cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default] [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s] [--capacity 0] [--failure-domains 0] [--workers 0] [--topology] [--class-versions V,V,...] [--mhc=true] [--without-kcp] [--clusters 1] [--inert-clusters 0] [--inert-machines 3] [-v]"
+
+// startConcurrency is how many simulated clusters start at once: a start-up
+// keeps a core busy (an API server, its CRDs and etcd), and the machine this
+// runs on may have two.
+const startConcurrency = 2
 
 func up(ctx context.Context, o *upOptions, stdout, stderr io.Writer) (err error) {
 	began := time.Now()
 	startCtx, cancel := context.WithTimeout(ctx, o.startTimeout)
 	defer cancel()
-	s, err := sim.Start(startCtx, o.sim)
-	if err != nil {
-		return err
-	}
+	sims, stop, err := startClusters(startCtx, o)
 	defer func() {
 		// The kubeconfig names servers that no longer exist once stopped.
 		_ = os.Remove(o.kubeconfigOut)
-		if stopErr := s.Stop(); stopErr != nil && err == nil && ctx.Err() == nil {
+		if stopErr := stop(); stopErr != nil && err == nil && ctx.Err() == nil {
 			err = stopErr
 		}
 		fmt.Fprintln(stderr, "stopped")
 	}()
+	if err != nil {
+		return err
+	}
 
-	kubeconfig, err := s.ManagementKubeconfig()
+	kubeconfig, err := sims[0].ManagementKubeconfig()
 	if err != nil {
 		return err
 	}
 	if err := os.WriteFile(o.kubeconfigOut, kubeconfig, 0o600); err != nil {
 		return err
 	}
-	if err := s.WaitReady(startCtx); err != nil {
-		if ctx.Err() != nil {
-			return nil
+	if o.inertClusters > 0 {
+		if err := sim.CreateInertClusters(startCtx, sims[0].ManagementClient(), o.sim.Namespace, o.inertClusters, o.inertMachines, o.sim.Version); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("creating the inert clusters: %w", err)
 		}
-		return err
 	}
-	key := s.ClusterKey()
-	fmt.Fprintf(stdout, "ready: cluster %s, %d control-plane machines, management kubeconfig %s (%.1fs)\n",
-		key, o.sim.Replicas, o.kubeconfigOut, time.Since(began).Seconds())
-	fmt.Fprintf(stdout, "  export KUBECONFIG=%s\n  kubectl get cluster,kcp,machines\n  kubectl cp-rollout status %s\n", o.kubeconfigOut, key.Name)
+	for _, s := range sims {
+		if err := s.WaitReady(startCtx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("cluster %s: %w", s.ClusterKey().Name, err)
+		}
+	}
+
+	var names []string
+	for _, s := range sims {
+		names = append(names, s.ClusterKey().String())
+	}
+	inert := ""
+	if o.inertClusters > 0 {
+		inert = fmt.Sprintf(", %d inert clusters (%s ... %s) of %d machines", o.inertClusters,
+			sim.InertClusterName(1), sim.InertClusterName(o.inertClusters), o.inertMachines)
+	}
+	if len(sims) == 1 {
+		fmt.Fprintf(stdout, "ready: cluster %s, %d control-plane machines%s, management kubeconfig %s (%.1fs)\n",
+			names[0], o.sim.Replicas, inert, o.kubeconfigOut, time.Since(began).Seconds())
+	} else {
+		fmt.Fprintf(stdout, "ready: clusters %s, %d control-plane machines each%s, management kubeconfig %s (%.1fs)\n",
+			strings.Join(names, ", "), o.sim.Replicas, inert, o.kubeconfigOut, time.Since(began).Seconds())
+	}
+	list := "kubectl get cluster,kcp,machines"
+	if len(sims) > 1 || o.inertClusters > 0 {
+		list = "kubectl get clusters -L env"
+	}
+	fmt.Fprintf(stdout, "  export KUBECONFIG=%s\n  %s\n  kubectl cp-rollout status %s\n", o.kubeconfigOut, list, sims[0].ClusterKey().Name)
 	select {
 	case <-ctx.Done():
 		return nil
-	case <-waitErr(ctx, s):
-		return s.Err()
+	case <-waitErr(ctx, sims):
+		var errs []error
+		for _, s := range sims {
+			errs = append(errs, s.Err())
+		}
+		return errors.Join(errs...)
 	}
 }
 
-// waitErr is closed when a simulator component fails.
-func waitErr(ctx context.Context, s *sim.Sim) <-chan struct{} {
+// startClusters starts the simulated clusters: one with a management
+// cluster of its own, or several on one they share, startConcurrency at a
+// time. stop stops whatever started, also when err is set.
+func startClusters(ctx context.Context, o *upOptions) (sims []*sim.Sim, stop func() error, err error) {
+	if o.clusters == 1 {
+		s, err := sim.Start(ctx, o.clusterOptions(1, nil))
+		if err != nil {
+			return nil, func() error { return nil }, err
+		}
+		return []*sim.Sim{s}, s.Stop, nil
+	}
+	m, err := sim.StartManagement(ctx, o.sim.AssetsDir, o.sim.Log)
+	if err != nil {
+		return nil, func() error { return nil }, err
+	}
+	sims = make([]*sim.Sim, o.clusters)
+	stop = func() error {
+		// Each stops its workload API server, seconds on a busy machine:
+		// in parallel, then the management cluster they share.
+		var g errgroup.Group
+		for _, s := range sims {
+			if s != nil {
+				g.Go(s.Stop)
+			}
+		}
+		return errors.Join(g.Wait(), m.Stop())
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(startConcurrency)
+	for i := range sims {
+		g.Go(func() error {
+			s, err := sim.Start(gctx, o.clusterOptions(i+1, m))
+			if err != nil {
+				return fmt.Errorf("cluster %s: %w", o.clusterOptions(i+1, m).ClusterName, err)
+			}
+			sims[i] = s
+			return nil
+		})
+	}
+	return sims, stop, g.Wait()
+}
+
+// waitErr is closed when a component of any of the simulators fails.
+func waitErr(ctx context.Context, sims []*sim.Sim) <-chan struct{} {
 	ch := make(chan struct{})
 	go func() {
 		t := time.NewTicker(time.Second)
@@ -190,9 +330,11 @@ func waitErr(ctx context.Context, s *sim.Sim) <-chan struct{} {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if s.Err() != nil {
-					close(ch)
-					return
+				for _, s := range sims {
+					if s.Err() != nil {
+						close(ch)
+						return
+					}
 				}
 			}
 		}
