@@ -27,7 +27,7 @@ TEST_TIMEOUT   ?= 45m
 # two at a time by pkg/sim/simtest.
 TEST_PARALLEL  ?= 4
 
-.PHONY: all build plugin demo sim test test-e2e test-packages test-long test-faults bench envtest lint release-check clean
+.PHONY: all build plugin demo sim test test-e2e test-packages test-long test-faults bench bench-fleet envtest lint release-check clean
 all: build
 
 build: plugin ## bin/kubectl-cp_rollout, its kubectl completion helper, bin/cp-rollout-sim
@@ -70,7 +70,7 @@ FAULTS     := ^Test(Kill|SecondRunLocked|ReplacementNeverProvisions|WorkloadAPIS
 # The long suite: end-to-end scenarios of ten minutes and more each on a busy
 # two-core machine, one of which would be most of `make test`'s time alone;
 # `make test-long` runs them, and CI runs it too.
-LONG       := ^Test(ClusterClassUpgradeThroughTwoMinors|LeastPrivilege)$$
+LONG       := ^Test(ClusterClassUpgradeThroughTwoMinors|LeastPrivilege|Fleet.*)$$
 # E2E_ALONE runs after the rest of the fault suite, with nothing beside it: the
 # management API server restart must take seconds, as it does on a real
 # control plane, not the minute it can take beside a dozen simulated API
@@ -93,11 +93,16 @@ test-faults: envtest plugin ## the fault suite: SIGKILL at step boundaries, stop
 		$(GO) test $(TEST_FLAGS) $(if $(filter full,$(KILL_MATRIX)),-timeout 90m) -run '$(FAULTS)' -skip '$(E2E_ALONE)' ./test/e2e
 	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) -run '$(E2E_ALONE)' ./test/e2e
 
-bench: plugin ## the tool against the real KCP on the simulator, 3 runs of 4 rollouts (about 50 minutes); figures in bench/ and docs/performance.md
+bench: plugin bench-fleet ## the tool against the real KCP on the simulator, 3 runs of 4 rollouts (about 50 minutes), and bench-fleet; figures in bench/ and docs/performance.md
 	@mkdir -p bench
 	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin CP_ROLLOUT_BENCH_OUT=$(CURDIR)/bench \
 		$(GO) test ./test/e2e -run '^$$' -bench BenchmarkRollout -benchtime 1x -timeout 150m
 	@hack/bench-doc.sh bench/results.md docs/performance.md
+
+bench-fleet: plugin ## status -A over 1,000 inert clusters of 5 machines: time and peak memory (about 4 minutes); figures in bench/fleet-status.json
+	@mkdir -p bench
+	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin CP_ROLLOUT_BENCH_OUT=$(CURDIR)/bench \
+		$(GO) test ./test/e2e -run '^$$' -bench BenchmarkStatusFleet -benchtime 1x -timeout 30m
 
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
