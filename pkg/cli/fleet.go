@@ -237,7 +237,11 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 		counter.Reporter = board.For(c.Namespace, c.Name)
 		began := time.Now()
 		err := one.runOne(ctx, counter)
-		outcome := fmt.Sprintf("done: %s in %s", counter.machines(), time.Since(began).Round(100*time.Millisecond))
+		changed := counter.machines()
+		if changed == "none" {
+			changed = "no machine changed"
+		}
+		outcome := fmt.Sprintf("done: %s in %s", changed, time.Since(began).Round(100*time.Millisecond))
 		if err != nil {
 			outcome = fmt.Sprintf("failed (exit %d): %v", exitcode.Of(err), err)
 		}
@@ -246,13 +250,18 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 	})
 	board.Stop()
 
-	rows, failed, notStarted, codes := fleetRows(results, skipped, counters)
+	stopped := ctx.Err() != nil
+	rows, failed, notStarted, codes := fleetRows(results, skipped, counters, stopped)
 	var summary error
 	if failed > 0 || notStarted > 0 {
-		summary = fmt.Errorf("%d of %d clusters failed (%s)", failed, len(clusters), strings.Join(failedNames(rows), ", "))
+		what := "failed"
+		if stopped {
+			what = "failed or were stopped"
+		}
+		summary = fmt.Errorf("%d of %d clusters %s (%s)", failed, len(clusters), what, strings.Join(failedNames(rows), ", "))
 		if notStarted > 0 {
 			why := fmt.Sprintf("--max-failures %d", o.Limits.MaxFailures)
-			if ctx.Err() != nil {
+			if stopped {
 				why = "stopped"
 			}
 			summary = fmt.Errorf("%w; %d not started (%s)", summary, notStarted, why)
@@ -274,8 +283,10 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 
 // fleetRows is the closing table: the clusters in the order they were
 // selected, then those skipped. It counts the failed and the never started,
-// and gathers the failed ones' exit codes.
-func fleetRows(results []fleet.Result, skipped []fleet.Skipped, counters map[fleet.Cluster]*machineCounter) (rows []fleetRow, failed, notStarted int, codes []int) {
+// and gathers the failed ones' exit codes. When the run was stopped, a
+// cluster that ended with an error was stopped (exit 130), unless its error
+// has a code of its own.
+func fleetRows(results []fleet.Result, skipped []fleet.Skipped, counters map[fleet.Cluster]*machineCounter, stopped bool) (rows []fleetRow, failed, notStarted int, codes []int) {
 	for _, r := range results {
 		row := fleetRow{Cluster: r.Cluster, Result: "done", DurationMs: r.Duration.Milliseconds()}
 		switch {
@@ -289,6 +300,9 @@ func fleetRows(results []fleet.Result, skipped []fleet.Skipped, counters map[fle
 			failed++
 		}
 		code := exitcode.Of(r.Err)
+		if stopped && r.Err != nil && code == exitcode.Failure {
+			row.Result, code = "stopped", exitcode.Interrupted
+		}
 		codes = append(codes, code)
 		row.ExitCode, row.Machines = &code, counters[r.Cluster].machines()
 		rows = append(rows, row)
@@ -302,7 +316,7 @@ func fleetRows(results []fleet.Result, skipped []fleet.Skipped, counters map[fle
 func failedNames(rows []fleetRow) []string {
 	var names []string
 	for _, r := range rows {
-		if r.Result == "failed" {
+		if r.Result == "failed" || r.Result == "stopped" {
 			names = append(names, fmt.Sprintf("%s exit %d", r.Cluster, *r.ExitCode))
 		}
 	}

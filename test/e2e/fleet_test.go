@@ -111,6 +111,7 @@ func TestFleetUpgradeTwoAtATime(t *testing.T) {
 	paused := watchPaused(t, envs)
 	r := envs[0].Plugin(t, ctx, "upgrade", "-A", "-l", "fleet=fleet-two", "--version", to, "--parallel", "2", "-o", "json")
 	peak := paused.stop()
+	t.Logf("at most %d KubeadmControlPlanes were paused at once", peak)
 	for _, m := range monitors {
 		m.check(t)
 	}
@@ -235,6 +236,16 @@ func TestFleetInterruptedThenResumed(t *testing.T) {
 	run.Until(t, func(ev map[string]any) bool { return ev["action"] == "create" && ev["phase"] == "done" })
 	if code := run.Interrupt(); code != 130 {
 		t.Fatalf("interrupted fleet run: exit %d, want 130\n%s", code, simtest.Tail(run.Stderr(), 20))
+	}
+	// Its closing event says which clusters were stopped mid-run.
+	var closing map[string]any
+	for ev := range run.Events {
+		if ev["action"] == "fleet" {
+			closing = ev
+		}
+	}
+	if closing == nil || closing["exitCode"] != float64(130) || !strings.Contains(fmt.Sprint(closing["clusters"]), "result:stopped") {
+		t.Errorf("the interrupted run's fleet event %v: want exit code 130 and stopped clusters", closing)
 	}
 	paused := 0
 	for _, e := range envs {
