@@ -101,8 +101,8 @@ func (c *connection) managementReader() (client.Client, error) {
 	if err != nil {
 		return nil, exitcode.Usagef("management cluster: %v", err)
 	}
-	// A fleet's lists are a few pages each; status --etcd then reads each
-	// cluster's Secrets concurrently.
+	// status -A makes its lists at once, and then, for control planes whose
+	// own status may be stale, a Machine list each, eight at a time.
 	cfg.QPS, cfg.Burst = 50, 100
 	return client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
 }
@@ -209,7 +209,7 @@ func (m *machineCounter) machines() string {
 // of the documented "fleet" event.
 type fleetRow struct {
 	fleet.Cluster
-	Result     string `json:"result"` // done, failed, not started, skipped
+	Result     string `json:"result"` // done, failed, stopped, not started, skipped
 	ExitCode   *int   `json:"exitCode,omitempty"`
 	Machines   string `json:"machines,omitempty"`
 	DurationMs int64  `json:"durationMs"`
