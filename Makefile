@@ -6,6 +6,9 @@ PKG     := github.com/cp-rollout/cp-rollout
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 DATE    ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+# grpcnotrace leaves out gRPC's golang.org/x/net/trace (and html/template with
+# it): request tracing the tool never turns on. .goreleaser.yaml sets the same.
+TAGS    := grpcnotrace
 LDFLAGS := -X $(PKG)/pkg/version.version=$(VERSION) \
            -X $(PKG)/pkg/version.commit=$(COMMIT) \
            -X $(PKG)/pkg/version.date=$(DATE)
@@ -34,7 +37,7 @@ build: plugin ## bin/kubectl-cp_rollout, its kubectl completion helper, bin/cp-r
 	$(GO) build -o bin/cp-rollout-sim ./cmd/cp-rollout-sim
 
 plugin: ## bin/kubectl-cp_rollout and its kubectl completion helper
-	$(GO) build -ldflags '$(LDFLAGS)' -o bin/kubectl-cp_rollout ./cmd/kubectl-cp_rollout
+	$(GO) build -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o bin/kubectl-cp_rollout ./cmd/kubectl-cp_rollout
 	install -m 0755 cmd/kubectl_complete-cp_rollout/kubectl_complete-cp_rollout bin/
 
 demo: build ## upgrade a simulated 3-machine control plane from v1.35.2 to v1.36.3

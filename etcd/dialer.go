@@ -16,7 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
@@ -117,7 +117,7 @@ type PortForwardDialer struct {
 
 // NewPortForwardDialer prepares port-forwarding with the given workload-cluster config.
 func NewPortForwardDialer(config *rest.Config) (*PortForwardDialer, error) {
-	clientset, err := kubernetes.NewForConfig(config)
+	core, err := corev1client.NewForConfig(config)
 	if err != nil {
 		return nil, fmt.Errorf("port-forward client: %w", err)
 	}
@@ -125,7 +125,7 @@ func NewPortForwardDialer(config *rest.Config) (*PortForwardDialer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("port-forward transport: %w", err)
 	}
-	return &PortForwardDialer{config: config, pods: clientset.CoreV1().RESTClient(), upgrader: upgrader, transport: transport}, nil
+	return &PortForwardDialer{config: config, pods: core.RESTClient(), upgrader: upgrader, transport: transport}, nil
 }
 
 func podName(node Node) string { return "etcd-" + node.Name }

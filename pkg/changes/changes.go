@@ -9,12 +9,13 @@ import (
 	"context"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
@@ -35,7 +36,7 @@ type Signal struct {
 var machinesResource = schema.GroupVersionResource{Group: clusterv1.GroupVersion.Group, Version: clusterv1.GroupVersion.Version, Resource: "machines"}
 
 // Watch starts the watches; they stop with ctx.
-func Watch(ctx context.Context, mgmt *rest.Config, namespace, cluster string, workload kubernetes.Interface) (*Signal, error) {
+func Watch(ctx context.Context, mgmt *rest.Config, namespace, cluster string, workload wl.Kube) (*Signal, error) {
 	c := make(chan struct{}, 1)
 	notify := func() {
 		select {
@@ -69,12 +70,29 @@ func Watch(ctx context.Context, mgmt *rest.Config, namespace, cluster string, wo
 	// snapshot reads them: on a large cluster the other nodes and the
 	// kube-system pods of every node change all the time, and each change
 	// would cost a read.
-	nodes := informers.NewSharedInformerFactoryWithOptions(workload, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.LabelSelector = wl.ControlPlaneNodeLabel
-	})).Core().V1().Nodes().Informer()
-	pods := informers.NewSharedInformerFactoryWithOptions(workload, 0, informers.WithNamespace(metav1.NamespaceSystem),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = wl.StaticPodSelector })).
-		Core().V1().Pods().Informer()
+	// Built as client-go's informer factory builds them, without linking the
+	// factory: it reaches every API group's informer, lister and client.
+	core := workload.CoreV1()
+	nodes := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = wl.ControlPlaneNodeLabel
+			return core.Nodes().List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = wl.ControlPlaneNodeLabel
+			return core.Nodes().Watch(ctx, o)
+		},
+	}, workload), &corev1.Node{}, 0, cache.Indexers{})
+	pods := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = wl.StaticPodSelector
+			return core.Pods(metav1.NamespaceSystem).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = wl.StaticPodSelector
+			return core.Pods(metav1.NamespaceSystem).Watch(ctx, o)
+		},
+	}, workload), &corev1.Pod{}, 0, cache.Indexers{})
 
 	for _, inf := range []cache.SharedIndexInformer{machines, nodes, pods} {
 		_ = inf.SetTransform(strip)

@@ -13,9 +13,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	appsv1client "k8s.io/client-go/kubernetes/typed/apps/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/transport"
+	"k8s.io/client-go/util/flowcontrol"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/cluster-api/controllers/noderefutil"
@@ -32,7 +34,7 @@ const EtcdComponent = "etcd"
 // Client reads one workload cluster.
 type Client struct {
 	Config *rest.Config
-	Kube   kubernetes.Interface
+	Kube   Kube
 	// Name is namespace/cluster, for messages.
 	Name string
 }
@@ -50,11 +52,53 @@ func New(ctx context.Context, mgmt client.Reader, namespace, cluster string, wra
 	// A rollout reads a handful of objects per step; client-go's default of 5
 	// requests a second would make every snapshot wait on the limiter.
 	cfg.QPS, cfg.Burst = 50, 100
-	kube, err := kubernetes.NewForConfig(cfg)
+	kube, err := newKube(cfg)
 	if err != nil {
 		return nil, err
 	}
 	return &Client{Config: cfg, Kube: kube, Name: namespace + "/" + cluster}, nil
+}
+
+// Kube is the part of client-go's clientset the tool uses on a workload
+// cluster; *kubernetes.Clientset (and its fake) implement it. Building only
+// these two typed clients, not the whole clientset, keeps every other API
+// group's client out of the binary.
+type Kube interface {
+	CoreV1() corev1client.CoreV1Interface
+	AppsV1() appsv1client.AppsV1Interface
+}
+
+type kube struct {
+	core *corev1client.CoreV1Client
+	apps *appsv1client.AppsV1Client
+}
+
+func (k *kube) CoreV1() corev1client.CoreV1Interface { return k.core }
+func (k *kube) AppsV1() appsv1client.AppsV1Interface { return k.apps }
+
+// newKube builds the typed clients as kubernetes.NewForConfig does: on one
+// HTTP client and one rate limiter.
+func newKube(cfg *rest.Config) (*kube, error) {
+	cfg = rest.CopyConfig(cfg)
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	if cfg.RateLimiter == nil && cfg.QPS > 0 {
+		cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(cfg.QPS, cfg.Burst)
+	}
+	httpClient, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	core, err := corev1client.NewForConfigAndClient(cfg, httpClient)
+	if err != nil {
+		return nil, err
+	}
+	apps, err := appsv1client.NewForConfigAndClient(cfg, httpClient)
+	if err != nil {
+		return nil, err
+	}
+	return &kube{core: core, apps: apps}, nil
 }
 
 // Node is the health of one control-plane node as read just now.
