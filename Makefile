@@ -74,6 +74,9 @@ FAULTS     := ^Test(Kill|SecondRunLocked|ReplacementNeverProvisions|WorkloadAPIS
 # two-core machine, one of which would be most of `make test`'s time alone;
 # `make test-long` runs them, and CI runs it too.
 LONG       := ^Test(ClusterClassUpgradeThroughTwoMinors|LeastPrivilege|Fleet.*)$$
+# The simulator's own long scenario: two simulators starting on one
+# namespace, seven minutes of both cores beside the end-to-end suite.
+SIM_LONG   := ^TestClustersShareANamespace$$
 # E2E_ALONE runs after the rest of the fault suite, with nothing beside it: the
 # management API server restart must take seconds, as it does on a real
 # control plane, not the minute it can take beside a dozen simulated API
@@ -86,10 +89,11 @@ KILL_MATRIX ?= part
 test-e2e:
 	$(TEST_ENV) $(GO) test $(TEST_FLAGS) -skip '$(FAULTS)|$(LONG)' ./test/e2e
 test-packages:
-	$(TEST_ENV) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v /test/e2e)
+	$(TEST_ENV) $(GO) test $(TEST_FLAGS) -skip '$(SIM_LONG)' $$($(GO) list ./... | grep -v /test/e2e)
 
-test-long: envtest plugin ## the long end-to-end suite: a ClusterClass cluster upgraded two minors with its workers, least privilege under the audit log
+test-long: envtest plugin ## the long suite: a ClusterClass cluster upgraded two minors with its workers, least privilege under the audit log, fleets of four clusters, simulators sharing a namespace
 	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) -run '$(LONG)' ./test/e2e
+	$(TEST_ENV) $(GO) test $(TEST_FLAGS) -run '$(SIM_LONG)' ./pkg/sim
 
 test-faults: envtest plugin ## the fault suite: SIGKILL at step boundaries, stopped members, unreachable API servers, lost Leases
 	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(if $(filter full,$(KILL_MATRIX)),CP_ROLLOUT_FULL_KILL_MATRIX=1) \
