@@ -97,7 +97,7 @@ func Overview(ctx context.Context, c client.Reader, scope Scope) ([]Row, error) 
 					kcps[Cluster{Namespace: l.Items[i].Namespace, Name: l.Items[i].Name}] = summarize(&l.Items[i])
 				}
 			})
-		return wrap(err, "KubeadmControlPlanes", scope)
+		return wrap(err, "KubeadmControlPlanes", Scope{Namespace: scope.Namespace})
 	})
 	g.Go(func() error {
 		err := listPages(gctx, c, func() *coordinationv1.LeaseList { return &coordinationv1.LeaseList{} },
@@ -108,7 +108,7 @@ func Overview(ctx context.Context, c client.Reader, scope Scope) ([]Row, error) 
 					}
 				}
 			})
-		return wrap(err, "Leases", scope)
+		return wrap(err, "Leases", Scope{Namespace: scope.Namespace})
 	})
 	if err := g.Wait(); err != nil {
 		return nil, err
