@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/utils/ptr"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -55,6 +56,15 @@ type LockStatus struct {
 	Holder    string     `json:"holder"`
 	RenewTime *time.Time `json:"renewTime"`
 	Live      bool       `json:"live"`
+}
+
+// LockOf describes a cluster's lock, its Lease, as it stands at now.
+func LockOf(lease *coordinationv1.Lease, now time.Time) *LockStatus {
+	l := &LockStatus{Holder: ptr.Deref(lease.Spec.HolderIdentity, ""), Live: controlplane.Live(lease, now)}
+	if lease.Spec.RenewTime != nil {
+		l.RenewTime = &lease.Spec.RenewTime.Time
+	}
+	return l
 }
 
 // MachineStatus describes one control-plane machine.
@@ -120,10 +130,7 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 	case err != nil:
 		st.Errors = append(st.Errors, "reading the lock: "+err.Error())
 	case lease != nil:
-		st.Lock = &LockStatus{Holder: ptr.Deref(lease.Spec.HolderIdentity, ""), Live: controlplane.Live(lease, time.Now())}
-		if lease.Spec.RenewTime != nil {
-			st.Lock.RenewTime = &lease.Spec.RenewTime.Time
-		}
+		st.Lock = LockOf(lease, time.Now())
 	}
 
 	s, readErr := e.Read(ctx)

@@ -120,10 +120,7 @@ func Overview(ctx context.Context, c client.Reader, scope Scope) ([]Row, error) 
 	for i := range rows {
 		r := &rows[i]
 		if l := leases[r.Cluster]; l != nil {
-			r.Lock = &rollout.LockStatus{Holder: ptr.Deref(l.Spec.HolderIdentity, ""), Live: controlplane.Live(l, now)}
-			if l.Spec.RenewTime != nil {
-				r.Lock.RenewTime = &l.Spec.RenewTime.Time
-			}
+			r.Lock = rollout.LockOf(l, now)
 		}
 		if r.ControlPlane == "" {
 			continue
