@@ -134,7 +134,7 @@ func Overview(ctx context.Context, c client.Reader, scope Scope) ([]Row, error) 
 		if !r.Paused && kcp.current {
 			continue
 		}
-		g.Go(func() error { return countMachines(gctx, c, r, kcp.version) })
+		g.Go(func() error { return countMachines(gctx, c, r, kcp.row.Version) })
 	}
 	return rows, g.Wait()
 }
@@ -146,11 +146,10 @@ type kcpSummary struct {
 	// current is true when KCP has observed the current spec: the machine
 	// counts of its status are its own, for this spec.
 	current bool
-	version string
 }
 
 func summarize(kcp *controlplanev1.KubeadmControlPlane) *kcpSummary {
-	s := &kcpSummary{current: kcp.Status.ObservedGeneration == kcp.Generation, version: kcp.Spec.Version}
+	s := &kcpSummary{current: kcp.Status.ObservedGeneration == kcp.Generation}
 	r := &s.row
 	r.Version, r.Replicas = kcp.Spec.Version, ptr.Deref(kcp.Spec.Replicas, 1)
 	r.Machines, r.UpToDate = ptr.Deref(kcp.Status.Replicas, 0), ptr.Deref(kcp.Status.UpToDateReplicas, 0)
