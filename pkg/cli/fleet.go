@@ -13,9 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/labels"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/fleet"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
@@ -94,9 +92,9 @@ func (c *connection) scope() (fleet.Scope, error) {
 	return scope, nil
 }
 
-// managementReader is a plain client of the management cluster, for the
+// managementReader lists the management cluster's collections, for the
 // reads that select clusters and show the fleet.
-func (c *connection) managementReader() (client.Client, error) {
+func (c *connection) managementReader() (*fleet.Lister, error) {
 	cfg, err := c.Management.ToRESTConfig()
 	if err != nil {
 		return nil, exitcode.Usagef("management cluster: %v", err)
@@ -104,7 +102,7 @@ func (c *connection) managementReader() (client.Client, error) {
 	// status -A makes its lists at once, and then, for control planes whose
 	// own status may be stale, a Machine list each, eight at a time.
 	cfg.QPS, cfg.Burst = 50, 100
-	return client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
+	return fleet.NewLister(cfg)
 }
 
 // selectClusters lists the clusters the selection names. None is bad usage,

@@ -14,7 +14,6 @@ import (
 	"sort"
 
 	"k8s.io/apimachinery/pkg/labels"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -54,24 +53,19 @@ type Skipped struct {
 	Reason string `json:"reason"`
 }
 
-// listPage bounds each list request, so that the tool's memory follows the
-// page and not the fleet (a management cluster may hold thousands of
-// Machines).
-var listPage int64 = 500
-
 // Select lists the Clusters in scope, sorted by namespace and name. Those
 // whose control plane is not a KubeadmControlPlane, or that are being
 // deleted, are returned apart as skipped: a fleet command does not fail on a
 // cluster it was never meant to touch.
-func Select(ctx context.Context, c client.Reader, scope Scope) (clusters []Cluster, skipped []Skipped, err error) {
-	err = listClusters(ctx, c, scope, func(cl *clusterv1.Cluster) {
-		key := Cluster{Namespace: cl.Namespace, Name: cl.Name}
-		if reason := notOurs(cl); reason != "" {
-			skipped = append(skipped, Skipped{Cluster: key, Reason: reason})
-			return
+func Select(ctx context.Context, l *Lister, scope Scope) (clusters []Cluster, skipped []Skipped, err error) {
+	all, err := listClusters(ctx, l, scope)
+	for _, s := range all {
+		if s.problem != "" {
+			skipped = append(skipped, Skipped{Cluster: s.Cluster, Reason: s.problem})
+			continue
 		}
-		clusters = append(clusters, key)
-	})
+		clusters = append(clusters, s.Cluster)
+	}
 	return clusters, skipped, err
 }
 
@@ -89,46 +83,39 @@ func notOurs(cl *clusterv1.Cluster) string {
 	return ""
 }
 
-// listClusters calls each for every Cluster in scope, in namespace and name
-// order.
-func listClusters(ctx context.Context, c client.Reader, scope Scope, each func(*clusterv1.Cluster)) error {
-	var all []clusterv1.Cluster
-	opts := []client.ListOption{client.InNamespace(scope.Namespace)}
+// selected is a Cluster in scope, as Select and Overview take it.
+type selected struct {
+	Cluster
+	// controlPlane names its KubeadmControlPlane; problem says why no
+	// operation of this tool applies to it, if none does.
+	controlPlane, problem string
+}
+
+// listClusters lists the Clusters in scope, in namespace and name order,
+// keeping of each what Select and Overview use.
+func listClusters(ctx context.Context, l *Lister, scope Scope) ([]selected, error) {
+	what := collection{gv: clusterv1.GroupVersion, resource: "clusters", namespace: scope.Namespace}
 	if scope.Selector != nil {
-		opts = append(opts, client.MatchingLabelsSelector{Selector: scope.Selector})
+		what.labels = scope.Selector.String()
 	}
-	err := listPages(ctx, c, func() *clusterv1.ClusterList { return &clusterv1.ClusterList{} }, opts, func(l *clusterv1.ClusterList) {
-		all = append(all, l.Items...)
+	var all []selected
+	err := listEach(ctx, l, what, func(cl *clusterv1.Cluster) {
+		s := selected{Cluster: Cluster{Namespace: cl.Namespace, Name: cl.Name}, problem: notOurs(cl)}
+		if s.problem == "" {
+			s.controlPlane = cl.Spec.ControlPlaneRef.Name
+		}
+		all = append(all, s)
 	})
 	if err != nil {
-		return fmt.Errorf("listing Clusters %s: %w", scope, err)
+		return nil, fmt.Errorf("listing Clusters %s: %w", scope, err)
 	}
+	// The API server lists in this order already (etcd's key order); a
+	// fleet's output must not depend on it.
 	sort.Slice(all, func(i, j int) bool {
 		if all[i].Namespace != all[j].Namespace {
 			return all[i].Namespace < all[j].Namespace
 		}
 		return all[i].Name < all[j].Name
 	})
-	for i := range all {
-		each(&all[i])
-	}
-	return nil
-}
-
-// listPages lists in pages of listPage, handing each page to each. Every page
-// is decoded into a list of its own: a decoder may reuse what a list it is
-// given already holds, and each keeps the items it was handed.
-func listPages[L client.ObjectList](ctx context.Context, c client.Reader, newList func() L, opts []client.ListOption, each func(L)) error {
-	cont := ""
-	for {
-		list := newList()
-		page := append([]client.ListOption{client.Limit(listPage), client.Continue(cont)}, opts...)
-		if err := c.List(ctx, list, page...); err != nil {
-			return err
-		}
-		each(list)
-		if cont = list.GetContinue(); cont == "" {
-			return nil
-		}
-	}
+	return all, nil
 }

@@ -10,7 +10,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -74,38 +73,30 @@ const machineReadsAtOnce = 8
 // is the one a person looks at mid-rollout: its Machines are listed, and
 // counted as up to date when at the KubeadmControlPlane's version and not
 // marked out of date by KCP, nor being deleted.
-func Overview(ctx context.Context, c client.Reader, scope Scope) ([]Row, error) {
+func Overview(ctx context.Context, l *Lister, scope Scope) ([]Row, error) {
 	var (
-		rows   []Row
-		kcps   = map[Cluster]*kcpSummary{}
-		leases = map[Cluster]*coordinationv1.Lease{}
+		clusters []selected
+		kcps     = map[Cluster]*kcpSummary{}
+		leases   = map[Cluster]*rollout.LockStatus{}
+		now      = time.Now()
 	)
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		return listClusters(gctx, c, scope, func(cl *clusterv1.Cluster) {
-			row := Row{Cluster: Cluster{Namespace: cl.Namespace, Name: cl.Name}, Problem: notOurs(cl)}
-			if row.Problem == "" {
-				row.ControlPlane = cl.Spec.ControlPlaneRef.Name
-			}
-			rows = append(rows, row)
-		})
+	g.Go(func() (err error) {
+		clusters, err = listClusters(gctx, l, scope)
+		return err
 	})
 	g.Go(func() error {
-		err := listPages(gctx, c, func() *controlplanev1.KubeadmControlPlaneList { return &controlplanev1.KubeadmControlPlaneList{} },
-			[]client.ListOption{client.InNamespace(scope.Namespace)}, func(l *controlplanev1.KubeadmControlPlaneList) {
-				for i := range l.Items {
-					kcps[Cluster{Namespace: l.Items[i].Namespace, Name: l.Items[i].Name}] = summarize(&l.Items[i])
-				}
+		err := listEach(gctx, l, collection{gv: controlplanev1.GroupVersion, resource: "kubeadmcontrolplanes", namespace: scope.Namespace},
+			func(kcp *controlplanev1.KubeadmControlPlane) {
+				kcps[Cluster{Namespace: kcp.Namespace, Name: kcp.Name}] = summarize(kcp)
 			})
 		return wrap(err, "KubeadmControlPlanes", Scope{Namespace: scope.Namespace})
 	})
 	g.Go(func() error {
-		err := listPages(gctx, c, func() *coordinationv1.LeaseList { return &coordinationv1.LeaseList{} },
-			[]client.ListOption{client.InNamespace(scope.Namespace)}, func(l *coordinationv1.LeaseList) {
-				for i := range l.Items {
-					if name, ok := strings.CutPrefix(l.Items[i].Name, controlplane.LeaseName("")); ok {
-						leases[Cluster{Namespace: l.Items[i].Namespace, Name: name}] = &l.Items[i]
-					}
+		err := listEach(gctx, l, collection{gv: coordinationv1.SchemeGroupVersion, resource: "leases", namespace: scope.Namespace},
+			func(lease *coordinationv1.Lease) {
+				if name, ok := strings.CutPrefix(lease.Name, controlplane.LeaseName("")); ok {
+					leases[Cluster{Namespace: lease.Namespace, Name: name}] = rollout.LockOf(lease, now)
 				}
 			})
 		return wrap(err, "Leases", Scope{Namespace: scope.Namespace})
@@ -114,14 +105,12 @@ func Overview(ctx context.Context, c client.Reader, scope Scope) ([]Row, error) 
 		return nil, err
 	}
 
-	now := time.Now()
+	rows := make([]Row, len(clusters))
 	g, gctx = errgroup.WithContext(ctx)
 	g.SetLimit(machineReadsAtOnce)
-	for i := range rows {
+	for i, cl := range clusters {
 		r := &rows[i]
-		if l := leases[r.Cluster]; l != nil {
-			r.Lock = rollout.LockOf(l, now)
-		}
+		r.Cluster, r.ControlPlane, r.Problem, r.Lock = cl.Cluster, cl.controlPlane, cl.problem, leases[cl.Cluster]
 		if r.ControlPlane == "" {
 			continue
 		}
@@ -134,7 +123,7 @@ func Overview(ctx context.Context, c client.Reader, scope Scope) ([]Row, error) 
 		if !r.Paused && kcp.current {
 			continue
 		}
-		g.Go(func() error { return countMachines(gctx, c, r, kcp.row.Version) })
+		g.Go(func() error { return countMachines(gctx, l, r, kcp.row.Version) })
 	}
 	return rows, g.Wait()
 }
@@ -176,23 +165,21 @@ func (s *kcpSummary) fill(r *Row) {
 // countMachines counts the control-plane Machines that the row's
 // KubeadmControlPlane controls, as KCP counts only the machines it owns, and
 // those of them up to date at version.
-func countMachines(ctx context.Context, c client.Reader, r *Row, version string) error {
+func countMachines(ctx context.Context, l *Lister, r *Row, version string) error {
 	r.Machines, r.UpToDate = 0, 0
-	err := listPages(ctx, c, func() *clusterv1.MachineList { return &clusterv1.MachineList{} },
-		[]client.ListOption{client.InNamespace(r.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: r.Name},
-			client.HasLabels{clusterv1.MachineControlPlaneLabel}},
-		func(l *clusterv1.MachineList) {
-			for i := range l.Items {
-				m := &l.Items[i]
-				owner := metav1.GetControllerOf(m)
-				if owner == nil || owner.Kind != "KubeadmControlPlane" || owner.Name != r.ControlPlane {
-					continue
-				}
-				r.Machines++
-				if m.DeletionTimestamp.IsZero() && m.Spec.Version == version &&
-					!conditions.IsFalse(m, clusterv1.MachineUpToDateCondition) {
-					r.UpToDate++
-				}
+	// The selector KCP writes into its status: the cluster's control-plane
+	// machines.
+	controlPlaneMachines := clusterv1.ClusterNameLabel + "=" + r.Name + "," + clusterv1.MachineControlPlaneLabel
+	err := listEach(ctx, l, collection{gv: clusterv1.GroupVersion, resource: "machines", namespace: r.Namespace, labels: controlPlaneMachines},
+		func(m *clusterv1.Machine) {
+			owner := metav1.GetControllerOf(m)
+			if owner == nil || owner.Kind != "KubeadmControlPlane" || owner.Name != r.ControlPlane {
+				return
+			}
+			r.Machines++
+			if m.DeletionTimestamp.IsZero() && m.Spec.Version == version &&
+				!conditions.IsFalse(m, clusterv1.MachineUpToDateCondition) {
+				r.UpToDate++
 			}
 		})
 	return wrap(err, "the control-plane Machines of "+r.Cluster.String(), Scope{Namespace: r.Namespace})

@@ -30,7 +30,12 @@ func TestSelectAndOverviewReadTheFleetFromTheManagementCluster(t *testing.T) {
 	listPage = 2
 	t.Cleanup(func() { listPage = 500 })
 	ctx := context.Background()
-	c, err := client.New(apiservertest.StartCAPI(t), client.Options{Scheme: controlplane.Scheme()})
+	cfg := apiservertest.StartCAPI(t)
+	c, err := client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLister(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +124,7 @@ func TestSelectAndOverviewReadTheFleetFromTheManagementCluster(t *testing.T) {
 	}
 
 	inert := labels.SelectorFromSet(labels.Set{sim.InertLabel: sim.InertLabelValue})
-	clusters, skipped, err := Select(ctx, c, Scope{Namespace: ns, Selector: inert})
+	clusters, skipped, err := Select(ctx, l, Scope{Namespace: ns, Selector: inert})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,11 +134,11 @@ func TestSelectAndOverviewReadTheFleetFromTheManagementCluster(t *testing.T) {
 	if len(skipped) != 1 || skipped[0].Name != "other" || skipped[0].Reason != "its control plane is a TalosControlPlane, not a KubeadmControlPlane" {
 		t.Errorf("skipped %+v, want other, for its TalosControlPlane", skipped)
 	}
-	if clusters, skipped, err := Select(ctx, c, Scope{Selector: labels.SelectorFromSet(labels.Set{"env": "prod"})}); err != nil || len(clusters)+len(skipped) != 0 {
+	if clusters, skipped, err := Select(ctx, l, Scope{Selector: labels.SelectorFromSet(labels.Set{"env": "prod"})}); err != nil || len(clusters)+len(skipped) != 0 {
 		t.Errorf("env=prod in every namespace selected %v, %v (%v), want nothing", clusters, skipped, err)
 	}
 
-	rows, err := Overview(ctx, c, Scope{Selector: inert}) // every namespace
+	rows, err := Overview(ctx, l, Scope{Selector: inert}) // every namespace
 	if err != nil {
 		t.Fatal(err)
 	}
