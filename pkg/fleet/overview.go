@@ -129,7 +129,7 @@ func Overview(ctx context.Context, l *Lister, scope Scope) ([]Row, error) {
 }
 
 // kcpSummary is what a row takes from a KubeadmControlPlane, kept instead
-// of the object so that each page of the list can be freed once read.
+// of the object so that each can be freed once read.
 type kcpSummary struct {
 	row Row // the fields fill sets
 	// current is true when KCP has observed the current spec: the machine
