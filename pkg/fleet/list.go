@@ -29,6 +29,10 @@ var listPage int64 = 500
 // as the API server sends it carries its managed fields, conditions and
 // references), of which a fleet view keeps a few fields. Decoding one item at
 // a time keeps the memory of a list to one object, whatever the fleet.
+// Kubernetes' own item-by-item list, a watch that sends the initial state,
+// would need the watch permission besides list, and an API server with the
+// WatchList feature: these are plain paged lists, which every API server
+// serves to whoever may list.
 type Lister struct {
 	rest rest.Interface
 }
@@ -149,7 +153,7 @@ func expectDelim(dec kjson.Decoder, want json.Delim) error {
 	if err != nil {
 		return fmt.Errorf("decoding a list: %w", err)
 	}
-	if tok != json.Delim(want) {
+	if tok != want {
 		return fmt.Errorf("decoding a list: found %v where %q belongs", tok, want)
 	}
 	return nil
