@@ -30,7 +30,7 @@ TEST_TIMEOUT   ?= 45m
 # two at a time by pkg/sim/simtest.
 TEST_PARALLEL  ?= 4
 
-.PHONY: all build plugin demo sim test test-e2e test-packages test-long test-faults bench bench-fleet envtest lint release-check clean
+.PHONY: all build plugin demo sim test test-e2e test-packages test-long test-faults bench bench-fleet bench-startup envtest lint release-check clean
 all: build
 
 build: plugin ## bin/kubectl-cp_rollout, its kubectl completion helper, bin/cp-rollout-sim
@@ -100,11 +100,16 @@ test-faults: envtest plugin ## the fault suite: SIGKILL at step boundaries, stop
 		$(GO) test $(TEST_FLAGS) $(if $(filter full,$(KILL_MATRIX)),-timeout 90m) -run '$(FAULTS)' -skip '$(E2E_ALONE)' ./test/e2e
 	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) -run '$(E2E_ALONE)' ./test/e2e
 
-bench: plugin bench-fleet ## the tool against the real KCP on the simulator, 3 runs of 4 rollouts (about 50 minutes), and bench-fleet; figures in bench/ and docs/performance.md
+bench: plugin bench-fleet bench-startup ## the tool against the real KCP on the simulator, 3 runs of 4 rollouts (about 50 minutes), bench-fleet and bench-startup; figures in bench/ and docs/performance.md
 	@mkdir -p bench
 	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin CP_ROLLOUT_BENCH_OUT=$(CURDIR)/bench \
 		$(GO) test ./test/e2e -run '^$$' -bench BenchmarkRollout -benchtime 1x -timeout 150m
 	@hack/bench-doc.sh bench/results.md docs/performance.md
+
+bench-startup: plugin ## `version` of the stripped release binary, median of 10 after a warm-up, and its size beside kubectl's; figures in bench/startup.json
+	@mkdir -p bench
+	CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin CP_ROLLOUT_BENCH_OUT=$(CURDIR)/bench \
+		$(GO) test ./cmd/kubectl-cp_rollout -run '^$$' -bench BenchmarkStartup -benchtime 1x
 
 bench-fleet: plugin ## status -A over 1,000 inert clusters of 5 machines: time and peak memory (about 4 minutes); figures in bench/fleet-status.json
 	@mkdir -p bench

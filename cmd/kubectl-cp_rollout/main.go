@@ -15,9 +15,14 @@ import (
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/cp-rollout/cp-rollout/cmd/kubectl-cp_rollout/internal/initgc"
 	"github.com/cp-rollout/cp-rollout/pkg/cli"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
+
+// The collector was off while the packages this one imports initialised;
+// this package's init runs after all of theirs, in tests as well.
+func init() { initgc.Restore() }
 
 func main() {
 	os.Exit(run())
