@@ -106,10 +106,9 @@ bench: plugin bench-fleet bench-startup ## the tool against the real KCP on the 
 		$(GO) test ./test/e2e -run '^$$' -bench BenchmarkRollout -benchtime 1x -timeout 150m
 	@hack/bench-doc.sh bench/results.md docs/performance.md
 
-bench-startup: plugin ## `version` of the stripped release binary, median of 10 after a warm-up, and its size beside kubectl's; figures in bench/startup.json
+bench-startup: ## `version` of the stripped release binary, median of 10 after a warm-up, and its size beside kubectl's; figures in bench/startup.json
 	@mkdir -p bench
-	CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin CP_ROLLOUT_BENCH_OUT=$(CURDIR)/bench \
-		$(GO) test ./cmd/kubectl-cp_rollout -run '^$$' -bench BenchmarkStartup -benchtime 1x
+	CP_ROLLOUT_BENCH_OUT=$(CURDIR)/bench $(GO) test ./test/e2e -run '^$$' -bench BenchmarkStartup -benchtime 1x
 
 bench-fleet: plugin ## status -A over 1,000 inert clusters of 5 machines: time and peak memory (about 4 minutes); figures in bench/fleet-status.json
 	@mkdir -p bench

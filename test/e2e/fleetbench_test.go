@@ -110,14 +110,22 @@ func BenchmarkStatusFleet(b *testing.B) {
 	line := fmt.Sprintf("status -A over %d clusters / %d machines: %.0f ms median (max %.0f), peak RSS %.1f MB median (max %.1f), %d runs",
 		fleetClusters, fleetClusters*fleetMachines, ms[len(ms)/2], ms[len(ms)-1], mb[len(mb)/2], mb[len(mb)-1], runs)
 	fmt.Println(line)
-	if dir := os.Getenv("CP_ROLLOUT_BENCH_OUT"); dir != "" {
-		raw, err := json.MarshalIndent(result, "", "  ")
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "fleet-status.json"), append(raw, '\n'), 0o644); err != nil {
-			b.Fatal(err)
-		}
+	writeBenchFigures(b, "fleet-status.json", result)
+}
+
+// writeBenchFigures writes a benchmark's figures as JSON to name in the
+// directory CP_ROLLOUT_BENCH_OUT names, when it is set.
+func writeBenchFigures(b *testing.B, name string, figures any) {
+	dir := os.Getenv("CP_ROLLOUT_BENCH_OUT")
+	if dir == "" {
+		return
+	}
+	raw, err := json.MarshalIndent(figures, "", "  ")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), append(raw, '\n'), 0o644); err != nil {
+		b.Fatal(err)
 	}
 }
 

@@ -1,12 +1,10 @@
-package main
+package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 )
@@ -25,7 +23,7 @@ const startRuns = 10
 // for KCP's own decisions.
 func BenchmarkStartup(b *testing.B) {
 	bin := filepath.Join(b.TempDir(), "kubectl-cp_rollout")
-	build := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w", "-o", bin, ".")
+	build := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w", "-o", bin, "github.com/cp-rollout/cp-rollout/cmd/kubectl-cp_rollout")
 	if out, err := build.CombinedOutput(); err != nil {
 		b.Fatalf("building the release binary: %v\n%s", err, out)
 	}
@@ -55,34 +53,18 @@ func BenchmarkStartup(b *testing.B) {
 		kube = append(kube, run(kubectl, "version", "--client"))
 	}
 	binary, kubectlSize := fileMB(b, bin), fileMB(b, kubectl)
-	toolMs, kubeMs := spread(tool), spread(kube)
+	toolMs, kubeMs := spreadOf(tool), spreadOf(kube)
 	result := map[string]any{
 		"date": time.Now().UTC().Format(time.RFC3339), "runs": startRuns,
 		"versionMs": toolMs, "kubectlVersionClientMs": kubeMs,
 		"binaryMB": binary, "kubectlMB": kubectlSize,
 	}
-	median := toolMs["median"]
 	line := fmt.Sprintf("version: %.1f ms median (%.1f–%.1f), kubectl version --client %.1f ms (%.1f–%.1f), %d runs each; stripped binary %.1f MB, kubectl %.1f MB",
-		median, toolMs["min"], toolMs["max"], kubeMs["median"], kubeMs["min"], kubeMs["max"], startRuns, binary, kubectlSize)
-	b.ReportMetric(median, "ms-median")
+		toolMs.Median, toolMs.Min, toolMs.Max, kubeMs.Median, kubeMs.Min, kubeMs.Max, startRuns, binary, kubectlSize)
+	b.ReportMetric(toolMs.Median, "ms-median")
 	b.ReportMetric(binary, "MB-binary")
 	fmt.Println(line)
-	if dir := os.Getenv("CP_ROLLOUT_BENCH_OUT"); dir != "" {
-		raw, err := json.MarshalIndent(result, "", "  ")
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "startup.json"), append(raw, '\n'), 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// spread is the median, minimum and maximum of ms.
-func spread(ms []float64) map[string]float64 {
-	ms = slices.Sorted(slices.Values(ms))
-	n := len(ms)
-	return map[string]float64{"median": (ms[(n-1)/2] + ms[n/2]) / 2, "min": ms[0], "max": ms[n-1]}
+	writeBenchFigures(b, "startup.json", result)
 }
 
 // fileMB is the size of the file at path in megabytes.
