@@ -104,11 +104,27 @@ type Etcd interface {
 	RemoveMember(ctx context.Context, nodes []etcd.Node, id uint64) error
 }
 
-// Changes tells the loop when to read again; *changes.Signal provides it.
+// Changes tells the loop when to read again; *changes.Watches provides it.
 type Changes interface {
 	// Wait returns at the next change (true), at ctx's end, or after at most
 	// max (false): the bound covers what no watch reports (etcd).
 	Wait(ctx context.Context, max time.Duration) bool
+}
+
+// Cache is the control plane as the watches see it: what waits read, so that
+// waiting costs no round trips to the API servers (etcd is still read, at
+// most every etcdPoll). A cache may lag behind a change by a moment, so no
+// step that changes something, and no conclusion, is decided on it: the loop
+// reads live first (see Converge and await).
+type Cache struct {
+	// ControlPlane is a controlplane.Client over the watches' caches.
+	ControlPlane interface {
+		Read(ctx context.Context) (*kcpstate.ControlPlane, error)
+	}
+	// Workload is the nodes and static pods the watches hold.
+	Workload interface {
+		Nodes(ctx context.Context, names []string, components []string) (map[string]workload.Node, error)
+	}
 }
 
 // Lock is the run's hold on the cluster; *controlplane.Lock provides it.
@@ -124,7 +140,9 @@ type Engine struct {
 	// Etcd is nil when etcd is external.
 	Etcd Etcd
 	// Changes may be nil: the loop then reads again every etcdPoll.
-	Changes  Changes
+	Changes Changes
+	// Cache may be nil: waits then read live.
+	Cache    *Cache
 	Reporter progress.Reporter
 	// Lock, when set, is the run's Lease: every step first checks it is held.
 	Lock     Lock
@@ -141,12 +159,38 @@ type Engine struct {
 	// handed is the live snapshot a wait ended on, for the loop's next turn
 	// (takeOrRead); only await sets it.
 	handed *Snapshot
+	// converged is the live snapshot Converge found done on, for the
+	// hand-back that follows it (handBack).
+	converged *Snapshot
+	// members is the latest etcd membership read, which a cached read takes
+	// while it is younger than etcdPoll.
+	members struct {
+		at   time.Time
+		read []etcd.Member
+	}
 }
 
 // Read takes one live snapshot: management cluster first, then the workload
 // nodes of its machines, then etcd through those nodes.
 func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
-	cp, err := e.ControlPlane.Read(ctx)
+	return e.readFrom(ctx, e.ControlPlane, e.Workload, false)
+}
+
+// readCached takes a snapshot from the watches' caches, with etcd read live
+// unless it was read less than etcdPoll ago; a live one without a cache.
+func (e *Engine) readCached(ctx context.Context) (*Snapshot, error) {
+	if e.Cache == nil {
+		return e.Read(ctx)
+	}
+	return e.readFrom(ctx, e.Cache.ControlPlane, e.Cache.Workload, true)
+}
+
+func (e *Engine) readFrom(ctx context.Context, cpr interface {
+	Read(context.Context) (*kcpstate.ControlPlane, error)
+}, nodes interface {
+	Nodes(context.Context, []string, []string) (map[string]workload.Node, error)
+}, cached bool) (*Snapshot, error) {
+	cp, err := cpr.Read(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -154,15 +198,16 @@ func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
 		return nil, err
 	}
 	s := NewSnapshot(cp)
+	s.cached = cached
 	if s.EtcdManaged && e.Etcd == nil {
 		return nil, fmt.Errorf("KubeadmControlPlane %s manages etcd but no etcd client is configured", cp.KCP.Name)
 	}
 	names := s.nodeNames()
-	if s.Nodes, err = e.Workload.Nodes(ctx, names, components(s)); err != nil {
+	if s.Nodes, err = nodes.Nodes(ctx, names, components(s)); err != nil {
 		return nil, err
 	}
 	if s.EtcdManaged && len(names) > 0 {
-		if s.Members, err = e.Etcd.Members(ctx, EtcdNodes(s)); err != nil {
+		if s.Members, err = e.etcdMembers(ctx, s); err != nil {
 			err = fmt.Errorf("workload cluster %s: etcd: %w", e.ControlPlane.Key(), err)
 			// Members whose certificates the cluster's etcd CA did not sign
 			// cannot be trusted, and no retry mends that: refuse at once.
@@ -177,24 +222,29 @@ func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
 	return s, nil
 }
 
-// refreshEtcd is full with its etcd membership read again, taken now: what a
-// wait re-reads when the watches report no change on either cluster since
-// full was read. The run must still hold the cluster.
-func (e *Engine) refreshEtcd(ctx context.Context, full *Snapshot) (*Snapshot, error) {
-	if err := e.stillOurs(full); err != nil {
+// etcdMembers reads the membership through s's nodes; a cached snapshot
+// takes the latest read while it is younger than etcdPoll, so that a burst of
+// changes on the watches does not poll etcd more than once a second.
+func (e *Engine) etcdMembers(ctx context.Context, s *Snapshot) ([]etcd.Member, error) {
+	if s.cached && time.Since(e.members.at) < etcdPoll {
+		return e.members.read, nil
+	}
+	at := time.Now()
+	members, err := e.Etcd.Members(ctx, EtcdNodes(s))
+	if err != nil {
 		return nil, err
 	}
-	s := *full
-	s.Now, s.etcdOnly = time.Now(), true
-	if s.EtcdManaged && len(s.Members) > 0 {
-		members, err := e.Etcd.Members(ctx, EtcdNodes(&s))
-		if err != nil {
-			return nil, err
-		}
-		s.Members = members
+	e.members.at, e.members.read = at, members
+	return members, nil
+}
+
+// etcdDue is how long until a cached read reads etcd again: etcdPoll when
+// etcd has not been read.
+func (e *Engine) etcdDue() time.Duration {
+	if e.members.at.IsZero() {
+		return etcdPoll
 	}
-	e.rememberHealthy(&s)
-	return &s, nil
+	return max(etcdPoll-time.Since(e.members.at), 10*time.Millisecond)
 }
 
 // findUnreferencedNodes gives a deleting machine whose nodeRef was never set

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -16,8 +17,10 @@ import (
 // Converge runs the blocking loop until the control plane matches t, one
 // machine at a time: create the replacement, wait for it to join, forward etcd
 // leadership and delete the old machine, remove its etcd member and release
-// it, wait until it is gone. Each turn reads the live control plane, asks Next
-// for the one step the guards allow, and does it or waits for it.
+// it, wait until it is gone. Each turn asks Next for the one step the guards
+// allow, and does it or waits for it. A turn may start on the watches' caches,
+// but only a wait is taken on them: any other step is decided again on a live
+// read first.
 func (e *Engine) Converge(ctx context.Context, t Target) error {
 	for {
 		s, err := e.takeOrRead(ctx)
@@ -25,8 +28,21 @@ func (e *Engine) Converge(ctx context.Context, t Target) error {
 			return err
 		}
 		next := Next(ctx, s, t)
+		if s.cached && !waits(next) {
+			if s, err = e.catchUp(ctx, s); err != nil {
+				return err
+			}
+			next = Next(ctx, s, t)
+		}
+		if s.cached && !waits(next) {
+			if s, err = e.read(ctx); err != nil {
+				return err
+			}
+			next = Next(ctx, s, t)
+		}
 		switch next.Action {
 		case Done:
+			e.converged = s
 			return nil
 		case Refuse:
 			err = e.refuse(ctx, t, next)
@@ -49,30 +65,64 @@ func (e *Engine) Converge(ctx context.Context, t Target) error {
 	}
 }
 
-// takeOrRead is the snapshot a wait has just ended on, or else a fresh read.
-// A wait ends when a live read shows something else to do; reading again
-// before doing it would only add a round trip to every reaction.
+// waits is true for the steps that only wait: the ones the loop may take on
+// the watches' caches.
+func waits(next Step) bool {
+	return next.Action == AwaitJoin || next.Action == AwaitDeletion || next.Action == Refuse && next.Transient
+}
+
+// takeOrRead is the live snapshot a wait has just ended on, or else one from
+// the caches: the turn after a step mostly starts a wait, and a wait needs no
+// live read. A wait ends when a live read shows something else to do; reading
+// again before doing it would only add a round trip to every reaction.
 func (e *Engine) takeOrRead(ctx context.Context) (*Snapshot, error) {
 	if s := e.handed; s != nil {
 		e.handed = nil
 		return s, nil
 	}
-	return e.read(ctx)
+	return e.readWith(ctx, e.readCached)
 }
 
-// read takes a live snapshot and checks that the control plane is still in
-// this run's hands. Clusters that cannot be read (an API server restarting,
-// etcd unreachable) are read again on every change or second, up to the
-// health timeout; an untrusted etcd is refused at once.
+// catchUpLimit bounds how long the turn after a step waits for the caches to
+// show the step's own writes.
+const catchUpLimit = 500 * time.Millisecond
+
+// catchUp is the turn after a step, when the caches showed another step to
+// take: most often they have not yet seen the writes of the step just taken
+// (a deletion, a released hook), and the watches report those within
+// moments. It reads the caches again at their next change, up to
+// catchUpLimit, instead of reading live at once; the loop still reads live
+// before any step that is not a wait.
+func (e *Engine) catchUp(ctx context.Context, s *Snapshot) (*Snapshot, error) {
+	if !e.waitForChange(ctx, catchUpLimit) {
+		return s, nil
+	}
+	return e.readWith(ctx, e.readCached)
+}
+
+// read takes a live snapshot (see readWith).
 func (e *Engine) read(ctx context.Context) (*Snapshot, error) {
+	return e.readWith(ctx, e.Read)
+}
+
+// readWith takes a snapshot with read and checks that the control plane is
+// still in this run's hands. Clusters that cannot be read (an API server
+// restarting, etcd unreachable) are read again on every change or second, up
+// to the health timeout; an untrusted etcd is refused at once.
+func (e *Engine) readWith(ctx context.Context, read func(context.Context) (*Snapshot, error)) (*Snapshot, error) {
 	var w wait
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		s, err := e.Read(ctx)
+		s, err := read(ctx)
 		if err == nil {
 			if err := e.stillOurs(s); err != nil {
+				if s.cached {
+					// The caches may not show the hand-over's writes yet.
+					read = e.Read
+					continue
+				}
 				return nil, err
 			}
 			return s, nil
@@ -89,7 +139,7 @@ func (e *Engine) read(ctx context.Context) (*Snapshot, error) {
 		if err := w.expired(e.Timeouts, Step{}, err); err != nil {
 			return nil, err
 		}
-		e.waitForChange(ctx)
+		e.waitForChange(ctx, etcdPoll)
 	}
 }
 

@@ -77,6 +77,9 @@ type scripted struct {
 	// changed, as the watches would; otherwise every Wait reports one.
 	watched bool
 
+	// lagged is the world before the latest Wait: what laggingCache shows.
+	lagged *Snapshot
+
 	// What an invariant monitor would see, sampled after every change.
 	maxMachines, minHealthyVoters int
 }
@@ -101,6 +104,14 @@ func (f *scripted) sample() {
 		}
 	}
 	f.minHealthyVoters = min(f.minHealthyVoters, healthy)
+}
+
+// seen is what laggingCache shows.
+func (f *scripted) seen() *Snapshot {
+	if f.lagged == nil {
+		return f.world
+	}
+	return f.lagged
 }
 
 func (f *scripted) machine(name string) *clusterv1.Machine {
@@ -284,6 +295,7 @@ func (f *scripted) Wait(ctx context.Context, _ time.Duration) bool {
 	f.mu.Lock()
 	f.trace = append(f.trace, "wait")
 	f.waits++
+	f.lagged = f.world.clone()
 	before := f.watchedState()
 	f.advance()
 	if f.onWait != nil {
@@ -645,36 +657,68 @@ func TestConvergeDrain(t *testing.T) {
 	})
 }
 
-// TestAwaitReadsEtcdAloneWhileTheWatchesAreQuiet: while a new member is
-// started and promoted, which no watch reports, a wait reads etcd alone; yet
-// every step is decided on a full read taken after the last wait.
-func TestAwaitReadsEtcdAloneWhileTheWatchesAreQuiet(t *testing.T) {
+// TestWaitsReadTheCachesAndStepsAreDecidedLive: with caches that lag a
+// stage behind the world, every wait reads the caches, yet every step is
+// decided on a live read taken after the last cached one, and the rollout
+// keeps its invariants.
+func TestWaitsReadTheCachesAndStepsAreDecidedLive(t *testing.T) {
 	old := machineSpec{outdated: true}
-	f := newScripted(world(old, old, old))
+	f := newScripted(world(machineSpec{outdated: true, leader: true}, old, old))
 	f.watched = true
 	e, ev := engineFor(f, fast)
+	e.Cache = &Cache{ControlPlane: laggingCache{f}, Workload: laggingCache{f}}
 	if err := converge(t, e, surge1); err != nil {
 		t.Fatal(err)
 	}
-	etcdAlone := 0
-	readSinceWait := true
+	live, cached, steps := 0, 0, 0
+	decidedLive := false
 	for i, c := range f.trace {
-		switch {
-		case c == "read":
-			readSinceWait = true
-		case c == "wait":
-			if !readSinceWait {
-				etcdAlone++
+		switch c {
+		case "read":
+			live++
+			decidedLive = true
+		case "cached-read":
+			cached++
+			decidedLive = false
+		case "wait":
+		default:
+			steps++
+			if !decidedLive {
+				t.Fatalf("%q decided on the caches:\n%s", c, strings.Join(f.trace[:i+1], "\n"))
 			}
-			readSinceWait = false
-		case !readSinceWait:
-			t.Fatalf("%q decided without a full read after the last wait:\n%s", c, strings.Join(f.trace[:i+1], "\n"))
 		}
 	}
-	if etcdAlone == 0 {
-		t.Fatalf("every wait read both clusters again:\n%s", strings.Join(f.trace, "\n"))
+	if steps == 0 || live >= cached {
+		t.Fatalf("%d steps, %d live and %d cached reads: the waits did not read the caches:\n%s", steps, live, cached, strings.Join(f.trace, "\n"))
+	}
+	if f.maxMachines > 4 || f.minHealthyVoters < 2 {
+		t.Fatalf("up to %d machines and down to %d healthy voters", f.maxMachines, f.minHealthyVoters)
+	}
+	if n := f.world.CP.MachinesNotUpToDate.Len(); n != 0 || f.world.CP.Machines.Len() != 3 {
+		t.Fatalf("ended with %d machines, %d outdated", f.world.CP.Machines.Len(), n)
 	}
 	ev.paired(t)
+}
+
+// laggingCache is the scripted world as watches a stage behind would show it:
+// as it was before the latest Wait moved it on.
+type laggingCache struct{ f *scripted }
+
+func (c laggingCache) Read(context.Context) (*kcpstate.ControlPlane, error) {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	c.f.trace = append(c.f.trace, "cached-read")
+	return c.f.seen().clone().CP, nil
+}
+
+func (c laggingCache) Nodes(_ context.Context, names, _ []string) (map[string]workload.Node, error) {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	nodes := map[string]workload.Node{}
+	for _, n := range names {
+		nodes[n] = c.f.seen().Nodes[n]
+	}
+	return nodes, nil
 }
 
 func TestConvergeLeadership(t *testing.T) {

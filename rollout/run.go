@@ -281,20 +281,17 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 		return nil, err
 	}
 	pausedNow := rec == nil
+	kcp := live.KCP
 	if pausedNow {
-		if err := e.pause(ctx, live, r); err != nil {
+		// The target is set on the KubeadmControlPlane the pause read last.
+		if kcp, err = e.pause(ctx, live, r); err != nil {
 			return nil, err
 		}
 	} else {
 		e.note("resume", "continuing "+rec.String())
 	}
-
-	// The target is set on the live object, read after the pause.
-	if live, err = e.ControlPlane.Read(ctx); err != nil {
-		return nil, err
-	}
-	if err := e.ControlPlane.SetTarget(ctx, live.Cluster, live.KCP, version, r.Replicas); err != nil {
-		return nil, e.targetRejected(ctx, live.KCP, pausedNow, err)
+	if err := e.ControlPlane.SetTarget(ctx, live.Cluster, kcp, version, r.Replicas); err != nil {
+		return nil, e.targetRejected(ctx, kcp, pausedNow, err)
 	}
 	if live, err = e.ControlPlane.Read(ctx); err != nil {
 		return nil, err
@@ -333,9 +330,10 @@ func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.Kubeadm
 }
 
 // pause pauses the KubeadmControlPlane with this run's record and waits until
-// KCP reports it paused. A pause that is then found unsafe to keep (a
-// remediation KCP started just before) is handed back at once.
-func (e *Engine) pause(ctx context.Context, live *kcpstate.ControlPlane, r Request) (err error) {
+// KCP reports it paused; it returns the KubeadmControlPlane as last read. A
+// pause that is then found unsafe to keep (a remediation KCP started just
+// before) is handed back at once.
+func (e *Engine) pause(ctx context.Context, live *kcpstate.ControlPlane, r Request) (_ *controlplanev1.KubeadmControlPlane, err error) {
 	st := e.begin("pause", "", "pausing KubeadmControlPlane "+live.KCP.Name)
 	defer st.end(&err)
 	rec := controlplane.Record{Operation: r.Operation, Target: r.TargetString(), Who: controlplane.Who(), Started: time.Now().UTC()}
@@ -346,10 +344,10 @@ func (e *Engine) pause(ctx context.Context, live *kcpstate.ControlPlane, r Reque
 			defer cancelCleanup()
 			_ = e.ControlPlane.Resume(cleanupCtx, kcp)
 		}
-		return err
+		return nil, err
 	}
 	st.done("KCP reports Paused")
-	return nil
+	return kcp, nil
 }
 
 // prepareWorkload updates kubeadm's configuration and RBAC on the workload
@@ -367,7 +365,8 @@ func (e *Engine) prepareWorkload(ctx context.Context, live *kcpstate.ControlPlan
 // handBack removes the pause and moves the record to the last operation:
 // KCP is in charge again. It returns the machines it handed back.
 func (e *Engine) handBack(ctx context.Context) (machines []string, err error) {
-	live, err := e.ControlPlane.Read(ctx)
+	// What Converge has just read live and found done, or a fresh read.
+	live, err := e.lastConverged(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -378,6 +377,16 @@ func (e *Engine) handBack(ctx context.Context) (machines []string, err error) {
 	}
 	st.done("KubeadmControlPlane " + live.KCP.Name + " unpaused; KCP is in charge again")
 	return live.Machines.Names(), nil
+}
+
+// lastConverged is the control plane Converge has just found done on, or,
+// when it did not, a live read.
+func (e *Engine) lastConverged(ctx context.Context) (*kcpstate.ControlPlane, error) {
+	if s := e.converged; s != nil {
+		e.converged = nil
+		return s.CP, nil
+	}
+	return e.ControlPlane.Read(ctx)
 }
 
 // removeOrphans deletes what a killed run left between creating a

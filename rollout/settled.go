@@ -65,8 +65,8 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit ti
 	st := e.begin("await-kcp", "", fmt.Sprintf("waiting up to %s for KCP to take over and agree the rollout is done", limit))
 	defer st.end(&err)
 	var version string
-	err = e.pollUntil(ctx, st, limit, func() ([]string, error) {
-		cp, err := e.ControlPlane.Read(ctx)
+	err = e.pollUntil(ctx, st, limit, func(live bool) ([]string, error) {
+		cp, err := e.readControlPlane(ctx, live)
 		switch {
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
@@ -111,12 +111,16 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit ti
 // until check finds nothing left to wait for, reporting on st each time
 // what it waits for first changes. After limit, expired turns what is still
 // left into the error that ends the wait; an error from check ends it at
-// once.
-func (e *Engine) pollUntil(ctx context.Context, st *step, limit time.Duration, check func() ([]string, error), expired func(left []string) error) error {
+// once. check reads the watches' caches, or live when asked: every answer
+// that ends the wait, done or failed, is checked live first.
+func (e *Engine) pollUntil(ctx context.Context, st *step, limit time.Duration, check func(live bool) ([]string, error), expired func(left []string) error) error {
 	var awaited string
 	began := time.Now()
 	for {
-		left, err := check()
+		left, err := check(e.Cache == nil)
+		if e.Cache != nil && (err != nil || len(left) == 0) {
+			left, err = check(true)
+		}
 		if err != nil {
 			return err
 		}
@@ -130,6 +134,15 @@ func (e *Engine) pollUntil(ctx context.Context, st *step, limit time.Duration, c
 		if time.Since(began) > limit {
 			return expired(left)
 		}
-		e.waitForChange(ctx)
+		e.waitForChange(ctx, etcdPoll)
 	}
+}
+
+// readControlPlane is the management cluster's part of a snapshot, live or
+// from the watches' caches.
+func (e *Engine) readControlPlane(ctx context.Context, live bool) (*kcpstate.ControlPlane, error) {
+	if live || e.Cache == nil {
+		return e.ControlPlane.Read(ctx)
+	}
+	return e.Cache.ControlPlane.Read(ctx)
 }

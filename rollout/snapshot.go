@@ -27,10 +27,10 @@ type Snapshot struct {
 	// snapshot: such a machine that is unhealthy now went bad — it is not
 	// still joining, whatever its node says.
 	SeenHealthy map[string]bool
-	// etcdOnly marks a snapshot whose etcd part alone was read at Now, the
-	// rest taken from an earlier full read that the watches say is current
-	// (Engine.refreshEtcd). No step acts on one.
-	etcdOnly bool
+	// cached marks a snapshot read from the watches' caches, its etcd part up
+	// to etcdPoll old (Engine.readCached): waits decide on one, and no step
+	// acts on one.
+	cached bool
 }
 
 // NewSnapshot starts a snapshot from the management cluster's view, taken now;

@@ -47,15 +47,15 @@ func (t Timeouts) recovery() time.Duration {
 	return unhealthyGrace
 }
 
-// etcdPoll is how often etcd is read again while waiting when no watch
-// reports a change: nothing reports etcd membership or member health.
+// etcdPoll is how often etcd is read while waiting: nothing reports etcd
+// membership or member health.
 const etcdPoll = time.Second
 
-// fullReadEvery bounds how long a wait goes on etcd reads alone: the
-// Cluster, the KubeadmControlPlane and the machines' InfraMachines and
-// KubeadmConfigs are not watched, and a change to them (someone editing the
-// KubeadmControlPlane mid-run) is seen at the latest this late.
-const fullReadEvery = 10 * time.Second
+// liveEvery bounds how long a wait goes on the caches alone. The caches
+// follow the API servers within moments, but a wait that ends only on a
+// difference it sees should not depend on that: a cache that stopped would
+// otherwise keep it waiting until its limit.
+const liveEvery = 30 * time.Second
 
 // waitKind is what a wait is for; it decides the wait's limit and what its
 // expiry says.
@@ -143,20 +143,20 @@ func (w *wait) expired(t Timeouts, last Step, lastErr error) error {
 }
 
 // await holds step open while Next keeps answering the step it started on
-// (same action, same machine): it reports each new reason, re-reads on every
-// change (or every etcdPoll), and ends when Next answers something else — the
-// caller's loop then decides again, on the snapshot the wait ended on — or
-// when the wait's limit is spent.
+// (same action, same machine): it reports each new reason, reads again at
+// every change the watches report and whenever etcd is due (etcdPoll), and
+// ends when Next answers something else — the caller's loop then decides
+// again, on the snapshot the wait ended on — or when the wait's limit is
+// spent.
 //
-// A re-read after a quiet etcdPoll, when the watches reported no change since
-// the wait's last full read, reads etcd alone (see refreshEtcd): nothing else
-// can have changed that the loop looks at. A wait never ends on such a read:
-// when it shows something else to do, a full live read confirms it first, so
-// that the step after the wait acts on a state all read just now.
+// A wait reads the watches' caches (readCached), and live every liveEvery.
+// It never ends on a cached read: when one shows something else to do, a
+// live read confirms it first, so that the step after the wait acts on a
+// state all read just now.
 func (e *Engine) await(ctx context.Context, t Target, st *step, first Step, kind func(Step) waitKind) error {
 	var w wait
 	next := first
-	var full *Snapshot // the wait's latest full read
+	lastLive := time.Now()
 	for {
 		if w.observe(kind(next), next.Reason) {
 			st.waiting(next.Reason)
@@ -164,12 +164,16 @@ func (e *Engine) await(ctx context.Context, t Target, st *step, first Step, kind
 		if err := w.expired(e.Timeouts, next, next.Err); err != nil {
 			return err
 		}
-		changed := e.waitForChange(ctx)
-		s, err := e.reread(ctx, full, changed)
+		e.waitForChange(ctx, e.etcdDue())
+		read := e.readCached
+		if time.Since(lastLive) > liveEvery {
+			read, lastLive = e.Read, time.Now()
+		}
+		s, err := e.readWith(ctx, read)
 		if err != nil {
 			return err
 		}
-		if next = Next(ctx, s, t); !sameStep(next, first) && s.etcdOnly {
+		if next = Next(ctx, s, t); !sameStep(next, first) && s.cached {
 			if s, err = e.read(ctx); err != nil {
 				return err
 			}
@@ -178,9 +182,6 @@ func (e *Engine) await(ctx context.Context, t Target, st *step, first Step, kind
 		if !sameStep(next, first) {
 			e.handed = s
 			return nil
-		}
-		if !s.etcdOnly {
-			full = s
 		}
 	}
 }
@@ -191,28 +192,15 @@ func sameStep(next, first Step) bool {
 		next.Transient == first.Transient
 }
 
-// reread is a wait's next snapshot: a full live read, or, when nothing the
-// watches follow has changed since full, full with etcd read again.
-func (e *Engine) reread(ctx context.Context, full *Snapshot, changed bool) (*Snapshot, error) {
-	if changed || full == nil || time.Since(full.Now) > fullReadEvery {
-		return e.read(ctx)
-	}
-	s, err := e.refreshEtcd(ctx, full)
-	if err != nil {
-		// Whatever went wrong, the full read retries it and reports it.
-		return e.read(ctx)
-	}
-	return s, nil
-}
-
 // waitForChange returns at the next change the watches report (true), or
-// after etcdPoll (false). Without watches every return counts as a change.
-func (e *Engine) waitForChange(ctx context.Context) bool {
+// after at most limit (false). Without watches it sleeps limit, and every
+// return counts as a change.
+func (e *Engine) waitForChange(ctx context.Context, limit time.Duration) bool {
 	if e.Changes == nil {
-		_ = sleep(ctx, etcdPoll)
+		_ = sleep(ctx, limit)
 		return true
 	}
-	return e.Changes.Wait(ctx, etcdPoll)
+	return e.Changes.Wait(ctx, limit)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -72,7 +72,8 @@ func (e *Engine) awaitWorkers(ctx context.Context, version string, limit time.Du
 	st := e.begin("await-workers", "", fmt.Sprintf("waiting up to %s for the topology controller to upgrade the workers to %s", limit, version))
 	defer st.end(&err)
 	var count int
-	err = e.pollUntil(ctx, st, limit, func() ([]string, error) {
+	// MachineDeployments are not watched: every check reads them live.
+	err = e.pollUntil(ctx, st, limit, func(bool) ([]string, error) {
 		mds, err := e.ControlPlane.MachineDeployments(ctx)
 		switch {
 		case ctx.Err() != nil:

@@ -1,15 +1,15 @@
 // Package access answers "may the identity running the tool do everything an
 // operation needs on the management cluster?" before the operation changes
-// anything. It asks the API server, one SelfSubjectAccessReview per
-// permission as `kubectl auth can-i` does, about each permission of the
-// operation's ClusterRole in deploy/rbac, narrowed to the one cluster the
-// operation works on. A rollout that stops half-way for a missing permission
+// anything. It asks the API server about each permission of the operation's
+// ClusterRole in deploy/rbac, narrowed to the one cluster the operation works
+// on (see Missing). A rollout that stops half-way for a missing permission
 // is the worst way to learn of it.
 package access
 
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"golang.org/x/sync/errgroup"
@@ -131,12 +131,12 @@ func (s Scope) expand(verb string, gr schema.GroupResource) []Permission {
 		return named(controlplane.LeaseName(s.Cluster))
 	case gr.Group == infrastructureGroup && gr.Resource == "*":
 		// The InfraMachine resource takes every verb the rule grants; its
-		// template is only read.
+		// template is only read (and watched).
 		out := []Permission{p}
 		if s.InfraMachines != "" {
 			out[0].Resource = s.InfraMachines
 		}
-		if verb == "get" && s.InfraMachineTemplates != "" {
+		if (verb == "get" || verb == "list" || verb == "watch") && s.InfraMachineTemplates != "" {
 			t := p
 			t.Resource = s.InfraMachineTemplates
 			out = append(out, t)
@@ -164,14 +164,23 @@ func InfraResources(templateGroup, templateKind string, mapping func(schema.Grou
 	return machines, templates
 }
 
-// Missing asks the API server about each permission and returns those it
-// denies, in the order given. Reviews run a few at a time: they are
-// independent, and a role has a few dozen.
+// Missing returns the permissions the API server denies, in the order given.
+// One SelfSubjectRulesReview of the operation's namespace answers for most:
+// a permission there that its rules grant is allowed. Every other one —
+// cluster-wide, or not shown by the rules, as with an authorizer that is not
+// RBAC — is asked on its own with a SelfSubjectAccessReview, as `kubectl auth
+// can-i` does, a few at a time. The rules are used for the preflight alone:
+// the API server still authorizes every request the operation makes.
 func Missing(ctx context.Context, c client.Client, perms []Permission) ([]Permission, error) {
+	granted := namespaceRules(ctx, c, perms)
 	allowed := make([]bool, len(perms))
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
 	for i, p := range perms {
+		if granted(p) {
+			allowed[i] = true
+			continue
+		}
 		g.Go(func() error {
 			review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
 				ResourceAttributes: &authorizationv1.ResourceAttributes{
@@ -195,6 +204,46 @@ func Missing(ctx context.Context, c client.Client, perms []Permission) ([]Permis
 		}
 	}
 	return missing, nil
+}
+
+// namespaceRules reviews the rules of the one namespace perms are in and
+// returns what they grant; nothing when perms span several namespaces or the
+// review fails (each permission is then asked on its own).
+func namespaceRules(ctx context.Context, c client.Client, perms []Permission) func(Permission) bool {
+	none := func(Permission) bool { return false }
+	namespace := ""
+	for _, p := range perms {
+		switch {
+		case p.Namespace == "":
+		case namespace == "":
+			namespace = p.Namespace
+		case p.Namespace != namespace:
+			return none
+		}
+	}
+	if namespace == "" {
+		return none
+	}
+	review := &authorizationv1.SelfSubjectRulesReview{Spec: authorizationv1.SelfSubjectRulesReviewSpec{Namespace: namespace}}
+	if err := c.Create(ctx, review); err != nil {
+		return none
+	}
+	return func(p Permission) bool {
+		return p.Namespace == namespace && slices.ContainsFunc(review.Status.ResourceRules, func(r authorizationv1.ResourceRule) bool {
+			return grants(r, p)
+		})
+	}
+}
+
+// grants is RBAC's own reading of one rule: every listed verb, group and
+// resource, or "*"; names, when listed, narrow it to requests for those
+// names.
+func grants(r authorizationv1.ResourceRule, p Permission) bool {
+	matches := func(list []string, v string) bool { return slices.Contains(list, "*") || slices.Contains(list, v) }
+	if !matches(r.Verbs, p.Verb) || !matches(r.APIGroups, p.Group) || !matches(r.Resources, p.Resource) {
+		return false
+	}
+	return len(r.ResourceNames) == 0 || p.Name != "" && slices.Contains(r.ResourceNames, p.Name)
 }
 
 // Identity names the identity the API server sees, as `kubectl auth whoami`

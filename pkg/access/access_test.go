@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/cp-rollout/cp-rollout/deploy/rbac"
@@ -95,5 +96,33 @@ func TestDescribeOneLineEach(t *testing.T) {
 		"  cannot list deployments.apps in all namespaces"
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
+// TestGrantsReadsRulesAsRBACDoes: a rule grants what it lists or "*", and
+// with resource names only requests for one of them.
+func TestGrantsReadsRulesAsRBACDoes(t *testing.T) {
+	get := Permission{Verb: "get", Group: "cluster.x-k8s.io", Resource: "machines", Namespace: "default"}
+	named := Permission{Verb: "get", Resource: "secrets", Namespace: "default", Name: "demo-etcd"}
+	rule := func(verbs, groups, resources []string, names ...string) authorizationv1.ResourceRule {
+		return authorizationv1.ResourceRule{Verbs: verbs, APIGroups: groups, Resources: resources, ResourceNames: names}
+	}
+	for _, c := range []struct {
+		rule authorizationv1.ResourceRule
+		p    Permission
+		want bool
+	}{
+		{rule([]string{"get", "list"}, []string{"cluster.x-k8s.io"}, []string{"machines"}), get, true},
+		{rule([]string{"*"}, []string{"*"}, []string{"*"}), get, true},
+		{rule([]string{"list"}, []string{"cluster.x-k8s.io"}, []string{"machines"}), get, false},
+		{rule([]string{"get"}, []string{""}, []string{"machines"}), get, false},
+		{rule([]string{"get"}, []string{"cluster.x-k8s.io"}, []string{"clusters"}), get, false},
+		{rule([]string{"get"}, []string{""}, []string{"secrets"}, "demo-etcd"), named, true},
+		{rule([]string{"get"}, []string{""}, []string{"secrets"}, "demo-kubeconfig"), named, false},
+		{rule([]string{"get"}, []string{"cluster.x-k8s.io"}, []string{"machines"}, "m1"), get, false},
+	} {
+		if got := grants(c.rule, c.p); got != c.want {
+			t.Errorf("%+v grants %s: %v, want %v", c.rule, c.p, got, c.want)
+		}
 	}
 }

@@ -252,10 +252,21 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 	closers = append(closers, trail.Close)
 	watchCtx, stop := context.WithCancel(ctx)
 	closers = append(closers, stop)
-	engine.Changes, err = changes.Watch(watchCtx, cfg, c.Namespace, c.Cluster, wl.Kube)
+	template, infraMachines, err := cp.InfraKinds(ctx, state)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
 	}
+	scope := changes.Scope{Namespace: c.Namespace, Cluster: c.Cluster, KCP: state.KCP.Name,
+		Template:      changes.Object{GVK: template, Name: state.KCP.Spec.MachineTemplate.Spec.InfrastructureRef.Name},
+		InfraMachines: infraMachines}
+	// The live client the caches fall back on shares cp's CRD metadata.
+	watches, err := changes.Watch(watchCtx, cfg, cp.Kube(), scope, wl.Kube)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	engine.Changes = watches
+	engine.Cache = &rollout.Cache{ControlPlane: controlplane.New(watches.Client(), c.Namespace, c.Cluster), Workload: watches}
 	return engine, cleanup, nil
 }

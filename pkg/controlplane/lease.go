@@ -154,25 +154,35 @@ func key(l *Lock) string {
 	return l.lease.Name
 }
 
+// renew writes a new renew time over the Lease as this run last wrote it, one
+// request: the write's resourceVersion makes it fail if anyone wrote the
+// Lease since. Then the Lease is read, and renewed on the fresh copy only if
+// it still names this run.
 func (l *Lock) renew(ctx context.Context) error {
 	l.mu.Lock()
-	key := client.ObjectKeyFromObject(l.lease)
+	lease := l.lease.DeepCopy()
 	l.mu.Unlock()
-	fresh := &coordinationv1.Lease{}
-	if err := l.c.Get(ctx, key, fresh); err != nil {
-		return err
-	}
-	if ptr.Deref(fresh.Spec.HolderIdentity, "") != l.holder {
-		return apierrors.NewConflict(coordinationv1.Resource("leases"), fresh.Name,
-			fmt.Errorf("now held by %s", Holder(fresh)))
-	}
+	key := client.ObjectKeyFromObject(lease)
 	now := metav1.NowMicro()
-	fresh.Spec.RenewTime = &now
-	if err := l.c.Update(ctx, fresh); err != nil {
+	lease.Spec.RenewTime = &now
+	err := l.c.Update(ctx, lease)
+	if apierrors.IsConflict(err) {
+		lease = &coordinationv1.Lease{}
+		if err := l.c.Get(ctx, key, lease); err != nil {
+			return err
+		}
+		if ptr.Deref(lease.Spec.HolderIdentity, "") != l.holder {
+			return apierrors.NewConflict(coordinationv1.Resource("leases"), lease.Name,
+				fmt.Errorf("now held by %s", Holder(lease)))
+		}
+		lease.Spec.RenewTime = &now
+		err = l.c.Update(ctx, lease)
+	}
+	if err != nil {
 		return err
 	}
 	l.mu.Lock()
-	l.lease, l.renewed = fresh, now.Time
+	l.lease, l.renewed = lease, now.Time
 	l.mu.Unlock()
 	return nil
 }

@@ -40,3 +40,69 @@ func TestReleaseAfterALateRenewal(t *testing.T) {
 		t.Errorf("%d deletes, want the conflicting one and one more", deletes)
 	}
 }
+
+// TestRenew: a renewal is one write over the Lease as the run last wrote it;
+// when someone else wrote it since, the Lease is read again and renewed only
+// if it still names the run.
+func TestRenew(t *testing.T) {
+	ctx := context.Background()
+	var requests int
+	c := fake.NewClientBuilder().WithScheme(Scheme()).WithInterceptorFuncs(interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			requests++
+			return c.Get(ctx, key, obj, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			requests++
+			return c.Update(ctx, obj, opts...)
+		},
+	}).Build()
+	cp := New(c, "default", "demo")
+	lock, err := cp.Acquire(ctx, "ops@bastion/pid-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := func() *coordinationv1.Lease {
+		l, err := cp.Lease(ctx)
+		if err != nil || l == nil {
+			t.Fatalf("reading the Lease: %v, %v", l, err)
+		}
+		return l
+	}
+
+	before := lease().Spec.RenewTime.Time
+	requests = 0
+	if err := lock.renew(ctx); err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	if requests != 1 {
+		t.Errorf("a renewal took %d requests, want 1", requests)
+	}
+	if !lease().Spec.RenewTime.After(before) {
+		t.Error("the renewal did not move the renew time on")
+	}
+
+	// Someone labels the Lease: still ours, renewed on the fresh copy.
+	l := lease()
+	l.Labels = map[string]string{"team": "sre"}
+	if err := c.Update(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if err := lock.renew(ctx); err != nil {
+		t.Fatalf("renew after another write: %v", err)
+	}
+	if got := lease(); got.Labels["team"] != "sre" {
+		t.Errorf("the renewal overwrote another's write: %v", got.Labels)
+	}
+
+	// Another run takes it over: lost.
+	l = lease()
+	other := "ci@runner/pid-9"
+	l.Spec.HolderIdentity = &other
+	if err := c.Update(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if err := lock.renew(ctx); !apierrors.IsConflict(err) {
+		t.Errorf("renew of a Lease another run holds: %v, want a conflict", err)
+	}
+}

@@ -5,17 +5,21 @@
 // a rollout makes: create a replacement as KCP would, delete a machine, manage
 // the kcp-cleanup pre-terminate hook, and the KCP hand-over (see handover.go).
 //
-// Every read goes straight to the API server: decisions are never made on a
-// cache that may lag behind a deletion. A snapshot reads each object once
-// (see oneRead).
+// A Client reads through the client it is given. The one every step is
+// decided on is uncached: its reads go straight to the API server, because a
+// cache may lag behind a deletion. A run's waits read through a second
+// Client over the watches' caches (pkg/changes). A snapshot reads each object
+// once (see oneRead).
 package controlplane
 
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,6 +27,7 @@ import (
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/external"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
 
@@ -49,8 +54,9 @@ type Client struct {
 	Cluster   string
 }
 
-// New returns a Client for the cluster namespace/name. c must not be cached:
-// only CRD metadata is remembered, by the Client itself (see crdMetadata).
+// New returns a Client for the cluster namespace/name. Only CRD metadata is
+// remembered, by the Client itself (see crdMetadata); c is uncached but for
+// the waits' Client (see the package comment).
 func New(c client.Client, namespace, cluster string) *Client {
 	return &Client{c: withCRDMetadataCache(c), Namespace: namespace, Cluster: cluster}
 }
@@ -117,4 +123,28 @@ func (c *Client) readKCP(ctx context.Context) (*clusterv1.Cluster, *controlplane
 // before anything is written.
 func (c *Client) WithKCP(ctx context.Context, cp *kcpstate.ControlPlane, want *controlplanev1.KubeadmControlPlane) (*kcpstate.ControlPlane, error) {
 	return kcpstate.NewControlPlane(ctx, nil, newOneRead(c.c, cp.Cluster, cp.Machines), cp.Cluster, want, cp.Machines)
+}
+
+// InfraKinds names the KubeadmControlPlane's InfraMachineTemplate and the
+// kinds of cp's InfraMachines, each at the API version Cluster API reads it
+// in: what the watches of a run cache (changes.Scope).
+func (c *Client) InfraKinds(ctx context.Context, cp *kcpstate.ControlPlane) (template schema.GroupVersionKind, machines []schema.GroupVersionKind, err error) {
+	tmpl, err := external.GetObjectFromContractVersionedRef(ctx, c.c, cp.KCP.Spec.MachineTemplate.Spec.InfrastructureRef, cp.KCP.Namespace)
+	if err != nil {
+		return schema.GroupVersionKind{}, nil, fmt.Errorf("reading the InfraMachineTemplate of KubeadmControlPlane %s/%s: %w", cp.KCP.Namespace, cp.KCP.Name, err)
+	}
+	seen := map[schema.GroupVersionKind]bool{}
+	for _, infra := range cp.InfraResources {
+		if gvk := infra.GroupVersionKind(); !seen[gvk] {
+			seen[gvk] = true
+			machines = append(machines, gvk)
+		}
+	}
+	if len(machines) == 0 {
+		// No machine yet: the template's kind without its suffix, as
+		// Cluster API names them.
+		gvk := tmpl.GroupVersionKind()
+		machines = append(machines, gvk.GroupVersion().WithKind(strings.TrimSuffix(gvk.Kind, clusterv1.TemplateSuffix)))
+	}
+	return tmpl.GroupVersionKind(), machines, nil
 }

@@ -170,12 +170,20 @@ func (c *Client) Nodes(ctx context.Context, names []string, components []string)
 	if err != nil {
 		return nil, fmt.Errorf("workload cluster %s: listing static control-plane pods: %w", c.Name, err)
 	}
+	return Health(pointers(nodes.Items), pointers(pods.Items), names, components), nil
+}
+
+// Health is the health of each named node and its static pods, from the
+// control-plane nodes and static pods there are (selected by
+// ControlPlaneNodeLabel and StaticPodSelector): read live by Nodes, or from
+// the watches' caches. Only names, nodes' Ready condition and addresses, and
+// pods' node, phase, deletion and Ready condition are looked at.
+func Health(nodes []*corev1.Node, pods []*corev1.Pod, names []string, components []string) map[string]Node {
 	out := make(map[string]Node, len(names))
 	for _, name := range names {
 		out[name] = Node{Name: name, Pods: map[string]bool{}}
 	}
-	for i := range nodes.Items {
-		node := &nodes.Items[i]
+	for _, node := range nodes {
 		n, ok := out[node.Name]
 		if !ok {
 			continue
@@ -193,8 +201,7 @@ func (c *Client) Nodes(ctx context.Context, names []string, components []string)
 		}
 		out[node.Name] = n
 	}
-	for i := range pods.Items {
-		pod := &pods.Items[i]
+	for _, pod := range pods {
 		n, ok := out[pod.Spec.NodeName]
 		if !ok || !n.Found {
 			continue
@@ -203,7 +210,15 @@ func (c *Client) Nodes(ctx context.Context, names []string, components []string)
 			n.Pods[comp] = podReady(pod)
 		}
 	}
-	return out, nil
+	return out
+}
+
+func pointers[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
 }
 
 func podReady(p *corev1.Pod) bool {

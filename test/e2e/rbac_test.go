@@ -242,7 +242,7 @@ func audited(t *testing.T, path string) map[string]map[string]bool {
 			continue
 		}
 		switch ev.ObjectRef.APIGroup + "/" + ev.ObjectRef.Resource {
-		case "authorization.k8s.io/selfsubjectaccessreviews", "authentication.k8s.io/selfsubjectreviews":
+		case "authorization.k8s.io/selfsubjectaccessreviews", "authorization.k8s.io/selfsubjectrulesreviews", "authentication.k8s.io/selfsubjectreviews":
 			continue
 		}
 		resource := ev.ObjectRef.Resource
