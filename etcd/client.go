@@ -96,6 +96,21 @@ func (c *Client) Close() error {
 	return errors.Join(errs...)
 }
 
+// forget closes the connections to the member on node, once it is removed:
+// its etcd stops, and gRPC would otherwise keep redialling it in the
+// background, through a new port-forward each time, until the machine is
+// gone.
+func (c *Client) forget(node string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for key, mc := range c.conns {
+		if mc.node.Name == node {
+			_ = mc.api.Close()
+			delete(c.conns, key)
+		}
+	}
+}
+
 // api is the part of clientv3 this package uses; *clientv3.Client provides it.
 type api interface {
 	MemberList(ctx context.Context, opts ...clientv3.OpOption) (*clientv3.MemberListResponse, error)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -103,11 +104,34 @@ func TestMoveLeaderToChosenMember(t *testing.T) {
 	}
 }
 
+// countingDialer counts the dials to each node.
+type countingDialer struct {
+	etcd.Dialer
+	mu    sync.Mutex
+	dials map[string]int
+}
+
+func (d *countingDialer) DialContext(ctx context.Context, node etcd.Node) (net.Conn, error) {
+	d.mu.Lock()
+	d.dials[node.Name]++
+	d.mu.Unlock()
+	return d.Dialer.DialContext(ctx, node)
+}
+
+func (d *countingDialer) count(node string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dials[node]
+}
+
+// TestRemoveMemberGoneFromEveryList: a removed member is gone from every
+// member's list, and its connection closed: nothing dials it again.
 func TestRemoveMemberGoneFromEveryList(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
 	tc := newTestCluster(t, 3, strictReconfig)
-	c := tc.client()
+	dialer := &countingDialer{dials: map[string]int{}}
+	c := tc.client(func(cfg *etcd.Config) { dialer.Dialer, cfg.Dialer = cfg.Dialer, dialer })
 	members := mustMembers(t, ctx, c, tc.nodes)
 	leader, _ := etcd.Leader(members)
 	if err := c.RemoveMember(ctx, tc.nodes, leader.ID); !errors.Is(err, etcd.ErrIsLeader) {
@@ -121,6 +145,12 @@ func TestRemoveMemberGoneFromEveryList(t *testing.T) {
 	case <-tc.members[victim.Name].Stopped():
 	case <-time.After(10 * time.Second):
 		t.Error("removed member still running")
+	}
+	// gRPC redials a lost connection within a second or two.
+	dials := dialer.count(victim.Name)
+	time.Sleep(3 * time.Second)
+	if n := dialer.count(victim.Name) - dials; n > 0 {
+		t.Errorf("the removed member was dialled %d times after its removal", n)
 	}
 	// Every remaining member, asked on its own, no longer lists the victim.
 	for _, n := range tc.nodes {

@@ -169,7 +169,7 @@ func (c *Client) RemoveMember(ctx context.Context, nodes []Node, id uint64) erro
 	}
 	what := "remove member " + target.String()
 	var last *memberConn
-	return retry(ctx, &c.cfg, func(ctx context.Context) error {
+	err = retry(ctx, &c.cfg, func(ctx context.Context) error {
 		var err error
 		for _, n := range through {
 			if last, err = c.conn(n); err != nil {
@@ -195,6 +195,10 @@ func (c *Client) RemoveMember(ctx context.Context, nodes []Node, id uint64) erro
 		}
 		return last.fail(what, err)
 	})
+	if err == nil {
+		c.forget(target.Node)
+	}
+	return err
 }
 
 // memberOn is the started member on node name.

@@ -226,8 +226,16 @@ func (e *Engine) readFrom(ctx context.Context, cpr interface {
 // takes the latest read while it is younger than etcdPoll, so that a burst of
 // changes on the watches does not poll etcd more than once a second.
 func (e *Engine) etcdMembers(ctx context.Context, s *Snapshot) ([]etcd.Member, error) {
-	if s.cached && time.Since(e.members.at) < etcdPoll {
-		return e.members.read, nil
+	if s.cached {
+		if time.Since(e.members.at) < etcdPoll {
+			return e.members.read, nil
+		}
+		// A wait's read does not sit out etcd's retries: a member that does
+		// not answer soon fails it, and the live read that follows (see
+		// readWith) finds the cause, or waits for etcd with its full limits.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cachedEtcdLimit)
+		defer cancel()
 	}
 	at := time.Now()
 	members, err := e.Etcd.Members(ctx, EtcdNodes(s))
@@ -237,6 +245,9 @@ func (e *Engine) etcdMembers(ctx context.Context, s *Snapshot) ([]etcd.Member, e
 	e.members.at, e.members.read = at, members
 	return members, nil
 }
+
+// cachedEtcdLimit bounds the etcd read of a wait's cached snapshot.
+const cachedEtcdLimit = 5 * time.Second
 
 // etcdDue is how long until a cached read reads etcd again: etcdPoll when
 // etcd has not been read.

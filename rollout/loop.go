@@ -80,7 +80,7 @@ func (e *Engine) takeOrRead(ctx context.Context) (*Snapshot, error) {
 		e.handed = nil
 		return s, nil
 	}
-	return e.readWith(ctx, e.readCached)
+	return e.readWith(ctx, true)
 }
 
 // catchUpLimit bounds how long the turn after a step waits for the caches to
@@ -97,38 +97,48 @@ func (e *Engine) catchUp(ctx context.Context, s *Snapshot) (*Snapshot, error) {
 	if !e.waitForChange(ctx, catchUpLimit) {
 		return s, nil
 	}
-	return e.readWith(ctx, e.readCached)
+	return e.readWith(ctx, true)
 }
 
 // read takes a live snapshot (see readWith).
 func (e *Engine) read(ctx context.Context) (*Snapshot, error) {
-	return e.readWith(ctx, e.Read)
+	return e.readWith(ctx, false)
 }
 
-// readWith takes a snapshot with read and checks that the control plane is
-// still in this run's hands. Clusters that cannot be read (an API server
-// restarting, etcd unreachable) are read again on every change or second, up
-// to the health timeout; an untrusted etcd is refused at once.
-func (e *Engine) readWith(ctx context.Context, read func(context.Context) (*Snapshot, error)) (*Snapshot, error) {
+// readWith takes a snapshot, from the caches or live, and checks that the
+// control plane is still in this run's hands. A cached read that fails, or
+// finds the control plane no longer ours, is taken again live: the caches may
+// not show the hand-over's writes yet, and the live read finds and reports
+// what stops the reads, as every read did before there were caches. Clusters
+// that cannot be read (an API server restarting, etcd unreachable) are read
+// again on every change or second, up to the health timeout; an untrusted
+// etcd is refused at once.
+func (e *Engine) readWith(ctx context.Context, cached bool) (*Snapshot, error) {
 	var w wait
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		read := e.Read
+		if cached {
+			read = e.readCached
+		}
 		s, err := read(ctx)
 		if err == nil {
-			if err := e.stillOurs(s); err != nil {
-				if s.cached {
-					// The caches may not show the hand-over's writes yet.
-					read = e.Read
-					continue
-				}
-				return nil, err
+			err = e.stillOurs(s)
+			if err == nil {
+				return s, nil
 			}
-			return s, nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		if cached && e.Cache != nil {
+			cached = false
+			continue
+		}
+		if s != nil {
+			return nil, err
 		}
 		if exitcode.Of(err) == exitcode.Unsafe {
 			return nil, err

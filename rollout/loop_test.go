@@ -700,6 +700,29 @@ func TestWaitsReadTheCachesAndStepsAreDecidedLive(t *testing.T) {
 	ev.paired(t)
 }
 
+// TestAFailingCacheFallsBackToLiveReads: when the caches cannot be read
+// (etcd not answering a wait's read in time), the waits read live, and the
+// rollout goes on as it would without caches.
+func TestAFailingCacheFallsBackToLiveReads(t *testing.T) {
+	old := machineSpec{outdated: true}
+	f := newScripted(world(old, old, old))
+	f.watched = true
+	e, _ := engineFor(f, fast)
+	e.Cache = &Cache{ControlPlane: failingCache{}, Workload: laggingCache{f}}
+	if err := converge(t, e, surge1); err != nil {
+		t.Fatalf("a failing cache stopped the run: %v", err)
+	}
+	if n := f.world.CP.MachinesNotUpToDate.Len(); n != 0 {
+		t.Fatalf("%d machines still outdated", n)
+	}
+}
+
+type failingCache struct{}
+
+func (failingCache) Read(context.Context) (*kcpstate.ControlPlane, error) {
+	return nil, errors.New("etcd: context deadline exceeded")
+}
+
 // laggingCache is the scripted world as watches a stage behind would show it:
 // as it was before the latest Wait moved it on.
 type laggingCache struct{ f *scripted }

@@ -165,11 +165,11 @@ func (e *Engine) await(ctx context.Context, t Target, st *step, first Step, kind
 			return err
 		}
 		e.waitForChange(ctx, e.etcdDue())
-		read := e.readCached
+		cached := true
 		if time.Since(lastLive) > liveEvery {
-			read, lastLive = e.Read, time.Now()
+			cached, lastLive = false, time.Now()
 		}
-		s, err := e.readWith(ctx, read)
+		s, err := e.readWith(ctx, cached)
 		if err != nil {
 			return err
 		}

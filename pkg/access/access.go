@@ -131,12 +131,14 @@ func (s Scope) expand(verb string, gr schema.GroupResource) []Permission {
 		return named(controlplane.LeaseName(s.Cluster))
 	case gr.Group == infrastructureGroup && gr.Resource == "*":
 		// The InfraMachine resource takes every verb the rule grants; its
-		// template is only read (and watched).
+		// template is only read and watched (the caches' informers list
+		// through their watch, where the API server streams the first
+		// list).
 		out := []Permission{p}
 		if s.InfraMachines != "" {
 			out[0].Resource = s.InfraMachines
 		}
-		if (verb == "get" || verb == "list" || verb == "watch") && s.InfraMachineTemplates != "" {
+		if (verb == "get" || verb == "watch") && s.InfraMachineTemplates != "" {
 			t := p
 			t.Resource = s.InfraMachineTemplates
 			out = append(out, t)
