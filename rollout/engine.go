@@ -118,13 +118,19 @@ type Changes interface {
 // reads live first (see Converge and await).
 type Cache struct {
 	// ControlPlane is a controlplane.Client over the watches' caches.
-	ControlPlane interface {
-		Read(ctx context.Context) (*kcpstate.ControlPlane, error)
-	}
+	ControlPlane controlPlaneReader
 	// Workload is the nodes and static pods the watches hold.
-	Workload interface {
-		Nodes(ctx context.Context, names []string, components []string) (map[string]workload.Node, error)
-	}
+	Workload nodeReader
+}
+
+// controlPlaneReader is the read of ControlPlane, live or cached.
+type controlPlaneReader interface {
+	Read(ctx context.Context) (*kcpstate.ControlPlane, error)
+}
+
+// nodeReader is the read of Workload's nodes, live or cached.
+type nodeReader interface {
+	Nodes(ctx context.Context, names []string, components []string) (map[string]workload.Node, error)
 }
 
 // Lock is the run's hold on the cluster; *controlplane.Lock provides it.
@@ -185,11 +191,7 @@ func (e *Engine) readCached(ctx context.Context) (*Snapshot, error) {
 	return e.readFrom(ctx, e.Cache.ControlPlane, e.Cache.Workload, true)
 }
 
-func (e *Engine) readFrom(ctx context.Context, cpr interface {
-	Read(context.Context) (*kcpstate.ControlPlane, error)
-}, nodes interface {
-	Nodes(context.Context, []string, []string) (map[string]workload.Node, error)
-}, cached bool) (*Snapshot, error) {
+func (e *Engine) readFrom(ctx context.Context, cpr controlPlaneReader, nodes nodeReader, cached bool) (*Snapshot, error) {
 	cp, err := cpr.Read(ctx)
 	if err != nil {
 		return nil, err
