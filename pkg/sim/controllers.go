@@ -8,8 +8,13 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -97,6 +102,9 @@ func (s *Sim) startCAPI(startCtx, runCtx context.Context) error {
 		s.goRun(names[i], func() error { return m.Start(runCtx) })
 	}
 	if err := waitForCaches(startCtx, managers, names); err != nil {
+		return err
+	}
+	if err := warmWatchCaches(startCtx, s.mgmtConfig, s.mgmtEnv.CRDs); err != nil {
 		return err
 	}
 	return waitForWebhooks(startCtx, managers[0].GetWebhookServer())
@@ -420,4 +428,36 @@ func shutdownOf(cc clustercache.ClusterCache) func() {
 		return sd.Shutdown
 	}
 	return func() {}
+}
+
+// warmWatchCaches lists every kind of crds once, so that the API server
+// serves each from an initialised watch cache, as it does on a management
+// cluster whose controllers have run for a while. A fresh kube-apiserver
+// creates a CRD's watch cache at the kind's first request and answers it
+// "429 storage is (re)initializing" with a one-second Retry-After: a kind
+// no controller has read yet (MachineDrainRules, before any drain) would
+// cost the first run on a new simulator a second that no real cluster
+// charges. The lists run side by side; client-go retries each through its
+// 429s.
+func warmWatchCaches(ctx context.Context, cfg *rest.Config, crds []*apiextensionsv1.CustomResourceDefinition) error {
+	meta, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	var g errgroup.Group
+	for _, crd := range crds {
+		for _, v := range crd.Spec.Versions {
+			if !v.Served {
+				continue
+			}
+			gvr := schema.GroupVersionResource{Group: crd.Spec.Group, Version: v.Name, Resource: crd.Spec.Names.Plural}
+			g.Go(func() error {
+				if _, err := meta.Resource(gvr).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+					return fmt.Errorf("listing %s: %w", gvr, err)
+				}
+				return nil
+			})
+		}
+	}
+	return g.Wait()
 }

@@ -91,6 +91,9 @@ func StartManagement(ctx context.Context, assetsDir string, log logr.Logger) (_ 
 	if err := waitForCaches(ctx, managers, names); err != nil {
 		return nil, err
 	}
+	if err := warmWatchCaches(ctx, m.config, m.env.CRDs); err != nil {
+		return nil, err
+	}
 	if err := waitForWebhooks(ctx, managers[0].GetWebhookServer()); err != nil {
 		return nil, err
 	}
