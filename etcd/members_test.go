@@ -134,11 +134,11 @@ func TestRemoveMemberGoneFromEveryList(t *testing.T) {
 	c := tc.client(func(cfg *etcd.Config) { dialer.Dialer, cfg.Dialer = cfg.Dialer, dialer })
 	members := mustMembers(t, ctx, c, tc.nodes)
 	leader, _ := etcd.Leader(members)
-	if err := c.RemoveMember(ctx, tc.nodes, leader.ID); !errors.Is(err, etcd.ErrIsLeader) {
+	if _, err := c.RemoveMember(ctx, tc.nodes, leader.ID); !errors.Is(err, etcd.ErrIsLeader) {
 		t.Fatalf("removing the leader: %v", err)
 	}
 	victim := etcd.LeaderCandidates(members, leader.ID)[0]
-	if err := c.RemoveMember(ctx, tc.nodes, victim.ID); err != nil {
+	if _, err := c.RemoveMember(ctx, tc.nodes, victim.ID); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -166,7 +166,7 @@ func TestRemoveMemberGoneFromEveryList(t *testing.T) {
 		}
 	}
 	// Resuming after an interruption removes nothing twice and fails on nothing.
-	if err := c.RemoveMember(ctx, tc.nodes, victim.ID); err != nil {
+	if _, err := c.RemoveMember(ctx, tc.nodes, victim.ID); err != nil {
 		t.Fatalf("removing again: %v", err)
 	}
 }
@@ -213,13 +213,57 @@ func TestRemoveMemberRightAfterAJoin(t *testing.T) {
 		t.Fatalf("the newcomer answered the removal with %v, want etcd's strict reconfiguration refusal", err)
 	}
 
-	if err := c.RemoveMember(ctx, nodes, victim.ID); err != nil {
+	held, err := c.RemoveMember(ctx, nodes, victim.ID)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if held != 0 {
+		t.Errorf("the removal reports etcd held it %s, but a member that was there before accepts it at once", held)
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	if removals[newcomer.Name] > 1 {
 		t.Errorf("the removal waited on the newcomer, which refuses for five seconds: MemberRemove calls by node %v", removals)
+	}
+	if _, still := etcd.MemberByID(mustMembers(t, ctx, c, nodes), victim.ID); still {
+		t.Errorf("%s is still a member", victim)
+	}
+}
+
+// TestRemoveMemberHeldByEtcd: when every member that stays counts the
+// newcomer among them, each refuses the removal until the newcomer has been
+// connected for five seconds; the removal waits that out and reports how long
+// etcd held it, the time a rollout with surge 0 spends on etcd's rule.
+func TestRemoveMemberHeldByEtcd(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	tc := newTestCluster(t, 2, strictReconfig)
+	tc.start("node-c", strictReconfig)
+	nodes := append([]etcd.Node{tc.node("node-c")}, tc.nodes[:2]...)
+	c := tc.client()
+	members := mustMembers(t, ctx, c, nodes)
+	leader, _ := etcd.Leader(members)
+	var victim etcd.Member
+	for _, m := range members {
+		if m.ID != leader.ID && m.Node != "node-c" {
+			victim = m
+		}
+	}
+	if victim.ID == 0 {
+		t.Skip("the newcomer leads already; nothing old to remove but the leader")
+	}
+	// The leader stays with the newcomer: two members, quorum two, and the
+	// newcomer has not been connected for five seconds.
+	if _, err := tc.raw(tc.members[leader.Node].ClientURL()).MemberRemove(ctx, victim.ID); !errors.Is(err, rpctypes.ErrUnhealthy) {
+		t.Skipf("the leader answered the removal with %v, not etcd's strict reconfiguration refusal: the newcomer's start took five seconds on this machine", err)
+	}
+	began := time.Now()
+	held, err := c.RemoveMember(ctx, nodes, victim.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); held <= 0 || held > took {
+		t.Errorf("the removal took %s and reports etcd held it %s, want more than nothing and no more than it took", took, held)
 	}
 	if _, still := etcd.MemberByID(mustMembers(t, ctx, c, nodes), victim.ID); still {
 		t.Errorf("%s is still a member", victim)
@@ -232,7 +276,7 @@ func TestRemoveLastMemberRefused(t *testing.T) {
 	tc := newTestCluster(t, 1)
 	c := tc.client()
 	only := mustMembers(t, ctx, c, tc.nodes)[0]
-	if err := c.RemoveMember(ctx, tc.nodes, only.ID); !errors.Is(err, etcd.ErrLastMember) || !strings.Contains(err.Error(), "node-a") {
+	if _, err := c.RemoveMember(ctx, tc.nodes, only.ID); !errors.Is(err, etcd.ErrLastMember) || !strings.Contains(err.Error(), "node-a") {
 		t.Fatalf("removing the last member: %v", err)
 	}
 	if len(mustMembers(t, ctx, c, tc.nodes)) != 1 {
@@ -266,7 +310,7 @@ func TestStoppedMemberUnhealthyAndSecondRemovalRefused(t *testing.T) {
 			}
 		}
 		var qe *etcd.QuorumError
-		if err := c.RemoveMember(ctx, tc.nodes, other.ID); !errors.As(err, &qe) {
+		if _, err := c.RemoveMember(ctx, tc.nodes, other.ID); !errors.As(err, &qe) {
 			t.Fatalf("removing a second member: %v", err)
 		}
 	}
@@ -277,7 +321,7 @@ func TestStoppedMemberUnhealthyAndSecondRemovalRefused(t *testing.T) {
 	if p := etcd.Project(members, etcd.Remove, stopped.ID); !p.Safe {
 		t.Fatalf("removing the stopped member: %s", p.Reason())
 	}
-	if err := c.RemoveMember(ctx, tc.nodes, stopped.ID); err != nil {
+	if _, err := c.RemoveMember(ctx, tc.nodes, stopped.ID); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -303,7 +347,7 @@ func TestLearnerAndUnstartedMemberNeverLead(t *testing.T) {
 		t.Fatalf("removal with a learner pending projected as %s", p.Reason())
 	}
 	// The learner itself may go: it does not count towards quorum.
-	if err := c.RemoveMember(ctx, tc.nodes, got.ID); err != nil {
+	if _, err := c.RemoveMember(ctx, tc.nodes, got.ID); err != nil {
 		t.Fatal(err)
 	}
 
@@ -377,7 +421,7 @@ func fiveTolerateOneMoreFailure(t *testing.T, tc *testCluster, members []etcd.Me
 	for i, victim := range others[1:] {
 		members = mustMembers(t, ctx, c, tc.nodes)
 		p := etcd.Project(members, etcd.Remove, victim.ID)
-		err := c.RemoveMember(ctx, tc.nodes, victim.ID)
+		_, err := c.RemoveMember(ctx, tc.nodes, victim.ID)
 		var qe *etcd.QuorumError
 		if last := i == len(others)-2; last {
 			if p.Safe || !errors.As(err, &qe) || p.Voting != 2 || p.Healthy != 1 {

@@ -136,27 +136,29 @@ func (c *Client) awaitLeader(ctx context.Context, nodes []Node, target Member) e
 // etcd's server.go), so a member that has just joined — every replacement — refuses it
 // ("unhealthy cluster") while the members that were there before accept it. That refusal,
 // or any other transient failure, moves on to the next member at once; only when every
-// member has refused does the call wait, polling, for the refusal to lift.
-func (c *Client) RemoveMember(ctx context.Context, nodes []Node, id uint64) error {
+// member has refused does the call wait, polling, for the refusal to lift. held is how
+// long etcd kept the change back so, from the first round of refusals to the last: time
+// the cluster imposed, which the caller reports apart from its own.
+func (c *Client) RemoveMember(ctx context.Context, nodes []Node, id uint64) (held time.Duration, err error) {
 	members, _, err := c.members(ctx, nodes)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	target, ok := MemberByID(members, id)
 	if !ok {
-		return nil
+		return 0, nil
 	}
 	describe := func(err error) error {
 		return &MemberError{Op: "remove member", Member: target.Name, ID: id, Node: target.Node, Err: err}
 	}
 	if len(members) == 1 {
-		return describe(ErrLastMember)
+		return 0, describe(ErrLastMember)
 	}
 	if p := Project(members, Remove, id); !p.Safe {
-		return describe(&QuorumError{Projection: p})
+		return 0, describe(&QuorumError{Projection: p})
 	}
 	if target.Leader {
-		return describe(ErrIsLeader)
+		return 0, describe(ErrIsLeader)
 	}
 	var through []Node
 	for _, n := range nodes {
@@ -165,10 +167,11 @@ func (c *Client) RemoveMember(ctx context.Context, nodes []Node, id uint64) erro
 		}
 	}
 	if len(through) == 0 {
-		return describe(ErrNoOtherMember)
+		return 0, describe(ErrNoOtherMember)
 	}
 	what := "remove member " + target.String()
 	var last *memberConn
+	var firstHeld, lastHeld time.Time
 	err = retry(ctx, &c.cfg, func(ctx context.Context) error {
 		var err error
 		for _, n := range through {
@@ -188,6 +191,12 @@ func (c *Client) RemoveMember(ctx context.Context, nodes []Node, id uint64) erro
 				return err
 			}
 		}
+		if rpctypes.Error(err) == rpctypes.ErrUnhealthy {
+			if firstHeld.IsZero() {
+				firstHeld = time.Now()
+			}
+			lastHeld = time.Now()
+		}
 		return err // each member refused or failed for now: retry waits, then tries them again
 	}, func(err error) error {
 		if last == nil {
@@ -198,7 +207,7 @@ func (c *Client) RemoveMember(ctx context.Context, nodes []Node, id uint64) erro
 	if err == nil {
 		c.forget(target.Node)
 	}
-	return err
+	return lastHeld.Sub(firstHeld), err
 }
 
 // memberOn is the started member on node name.

@@ -101,7 +101,9 @@ type Workload interface {
 type Etcd interface {
 	Members(ctx context.Context, nodes []etcd.Node) ([]etcd.Member, error)
 	ForwardLeadership(ctx context.Context, nodes []etcd.Node, from, to uint64) error
-	RemoveMember(ctx context.Context, nodes []etcd.Node, id uint64) error
+	// RemoveMember reports how long etcd held the removal back (its
+	// five-second rule after a member joins).
+	RemoveMember(ctx context.Context, nodes []etcd.Node, id uint64) (held time.Duration, err error)
 }
 
 // Changes tells the loop when to read again; *changes.Watches provides it.

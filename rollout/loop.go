@@ -305,7 +305,9 @@ func (e *Engine) removeMember(ctx context.Context, s *Snapshot, m *clusterv1.Mac
 	}
 	st := e.begin("remove-member", m.Name, "removing etcd member "+member.String())
 	defer st.end(&err)
-	if err := e.Etcd.RemoveMember(ctx, EtcdNodes(s), member.ID); err != nil {
+	held, err := e.Etcd.RemoveMember(ctx, EtcdNodes(s), member.ID)
+	st.held = held
+	if err != nil {
 		if errors.Is(err, etcd.ErrIsLeader) && e.leaderRetries < maxLeaderRetries {
 			e.leaderRetries++
 			st.done("its member leads again; moving leadership once more")
@@ -318,7 +320,11 @@ func (e *Engine) removeMember(ctx context.Context, s *Snapshot, m *clusterv1.Mac
 		return false, fmt.Errorf("removing etcd member %s of machine %s: %w", member, m.Name, err)
 	}
 	e.leaderRetries = 0
-	st.done("etcd member " + member.String() + " removed")
+	msg := "etcd member " + member.String() + " removed"
+	if held > 0 {
+		msg += fmt.Sprintf("; etcd held the change %.1fs, until the members had been connected for five seconds", held.Seconds())
+	}
+	st.done(msg)
 	return true, nil
 }
 

@@ -272,7 +272,7 @@ func (f *scripted) ForwardLeadership(_ context.Context, _ []etcd.Node, from, to 
 	return nil
 }
 
-func (f *scripted) RemoveMember(_ context.Context, _ []etcd.Node, id uint64) error {
+func (f *scripted) RemoveMember(_ context.Context, _ []etcd.Node, id uint64) (time.Duration, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	i := f.memberIndex(id)
@@ -281,12 +281,12 @@ func (f *scripted) RemoveMember(_ context.Context, _ []etcd.Node, id uint64) err
 		for j := range f.world.Members {
 			f.world.Members[j].Leader = j == i
 		}
-		return etcd.ErrIsLeader
+		return 0, etcd.ErrIsLeader
 	}
 	f.record("remove-member %s", f.world.Members[i].Name)
 	f.world.Members = append(f.world.Members[:i], f.world.Members[i+1:]...)
 	f.sample()
-	return nil
+	return 0, nil
 }
 
 // Wait moves the world on by one stage; it sleeps a moment so that waits

@@ -32,6 +32,9 @@ type step struct {
 	action, machine string
 	began           time.Time
 	outcome         string
+	// held is how long the cluster refused the step before it went through
+	// (etcd's five-second rule for membership changes), for its done event.
+	held time.Duration
 }
 
 // begin reports action started (on machine, if any) and returns the step;
@@ -70,7 +73,7 @@ func (st *step) end(err *error) {
 	if *err != nil {
 		e.report(st.action, st.machine, progress.Failed, (*err).Error(), st.began)
 	} else {
-		e.report(st.action, st.machine, progress.Done, st.outcome, st.began)
+		e.reportHeld(st.action, st.machine, progress.Done, st.outcome, st.began, st.held)
 	}
 	e.steps.times = append(e.steps.times, progress.StepTime{Action: st.action, Machine: st.machine, Duration: now.Sub(e.steps.last), Hop: e.steps.hop})
 	e.steps.last = now
@@ -111,6 +114,11 @@ func (e *Engine) summarize() {
 // report sends one event; progress that concerns no step (a read that fails
 // and is retried) is reported with it too.
 func (e *Engine) report(action, machine string, phase progress.Phase, msg string, since time.Time) {
+	e.reportHeld(action, machine, phase, msg, since, 0)
+}
+
+// reportHeld is report for a step the cluster held back for held.
+func (e *Engine) reportHeld(action, machine string, phase progress.Phase, msg string, since time.Time, held time.Duration) {
 	if e.Reporter == nil {
 		return
 	}
@@ -118,6 +126,6 @@ func (e *Engine) report(action, machine string, phase progress.Phase, msg string
 	e.Reporter.Report(progress.Event{
 		Time: time.Now(), Cluster: key.Name, Namespace: key.Namespace,
 		Step: e.steps.machine, Total: max(e.steps.total, e.steps.machine), Action: action, Machine: machine, Phase: phase,
-		Message: msg, ElapsedMs: time.Since(since).Milliseconds(), Hop: e.steps.hop,
+		Message: msg, ElapsedMs: time.Since(since).Milliseconds(), HeldMs: held.Milliseconds(), Hop: e.steps.hop,
 	})
 }
