@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"maps"
 	"reflect"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -34,7 +36,9 @@ func TestSnapshotReadsEachObjectOnce(t *testing.T) {
 		return &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{
 			Name: plural + "." + infraGV.Group, Labels: map[string]string{"cluster.x-k8s.io/v1beta2": "v1beta2"}}}
 	}
-	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: clusterv1.ClusterSpec{ControlPlaneRef: clusterv1.ContractVersionedObjectReference{
+			APIGroup: controlplanev1.GroupVersion.Group, Kind: "KubeadmControlPlane", Name: name + "-cp"}}}
 	kcp := &controlplanev1.KubeadmControlPlane{
 		ObjectMeta: metav1.ObjectMeta{Name: name + "-cp", Namespace: ns, UID: "kcp-uid"},
 		Spec: controlplanev1.KubeadmControlPlaneSpec{Version: "v1.36.3",
@@ -50,7 +54,9 @@ func TestSnapshotReadsEachObjectOnce(t *testing.T) {
 	objs := []client.Object{crd("genericinfrastructuremachines"), crd("genericinfrastructuremachinetemplates"), cluster, kcp, template}
 	machines := collections.New()
 	for i, version := range []string{"v1.35.2", "v1.36.3", "v1.36.3"} {
-		m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("m%d", i), Namespace: ns, Labels: labels},
+		m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("m%d", i), Namespace: ns, Labels: labels,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: controlplanev1.GroupVersion.String(), Kind: "KubeadmControlPlane",
+				Name: kcp.Name, UID: kcp.UID, Controller: ptr.To(true)}}},
 			Spec: clusterv1.MachineSpec{ClusterName: name, Version: version,
 				InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infraGV.Group, Kind: "GenericInfrastructureMachine", Name: fmt.Sprintf("m%d", i)},
 				Bootstrap: clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{
@@ -125,5 +131,40 @@ func TestSnapshotReadsEachObjectOnce(t *testing.T) {
 		if !reflect.DeepEqual(n, wantCounts) {
 			t.Errorf("lists refused %v: requests %v, want %v", refuse, n, wantCounts)
 		}
+	}
+
+	// A Client's projection of the snapshot it read last (WithKCP, to the
+	// target version) and the kinds its watches cache (InfraKinds) come from
+	// that snapshot's reads; a snapshot that is not its last is read afresh.
+	c, n := build(false)
+	cpc := New(c, ns, name)
+	read, err := cpc.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if read.Machines.Len() != 3 {
+		t.Fatalf("Read found machines %v, want m0, m1, m2", read.Machines.Names())
+	}
+	before := maps.Clone(n)
+	target := kcp.DeepCopy()
+	target.Spec.Version = "v1.37.0"
+	projected, err := cpc.WithKCP(ctx, read, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if projected.MachinesNotUpToDate.Len() != 3 {
+		t.Errorf("projected to %s, outdated machines %v, want all three", target.Spec.Version, projected.MachinesNotUpToDate.Names())
+	}
+	if _, _, err := cpc.InfraKinds(ctx, read); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(n, before) {
+		t.Errorf("WithKCP and InfraKinds on the last snapshot read again: requests %v, after Read %v", n, before)
+	}
+	if _, err := cpc.WithKCP(ctx, want, target); err != nil {
+		t.Fatal(err)
+	}
+	if n["list KubeadmConfigList"] != before["list KubeadmConfigList"]+1 {
+		t.Errorf("WithKCP of a snapshot this Client did not read last did not read it: requests %v", n)
 	}
 }

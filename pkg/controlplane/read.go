@@ -16,6 +16,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -52,6 +53,14 @@ type Client struct {
 	c         client.Client
 	Namespace string
 	Cluster   string
+
+	// last is the latest snapshot Read returned and the objects it was built
+	// from, so WithKCP projects that snapshot onto the very same objects.
+	mu   sync.Mutex
+	last struct {
+		cp    *kcpstate.ControlPlane
+		reads *oneRead
+	}
 }
 
 // New returns a Client for the cluster namespace/name. Only CRD metadata is
@@ -87,10 +96,14 @@ func (c *Client) Read(ctx context.Context) (*kcpstate.ControlPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing control-plane machines of %s/%s: %w", c.Namespace, c.Cluster, err)
 	}
-	cp, err := kcpstate.NewControlPlane(ctx, nil, newOneRead(c.c, cluster, machines), cluster, kcp, machines)
+	reads := newOneRead(c.c, cluster, machines)
+	cp, err := kcpstate.NewControlPlane(ctx, nil, reads, cluster, kcp, machines)
 	if err != nil {
 		return nil, fmt.Errorf("reading control plane of %s/%s: %w", c.Namespace, c.Cluster, err)
 	}
+	c.mu.Lock()
+	c.last.cp, c.last.reads = cp, reads
+	c.mu.Unlock()
 	return cp, nil
 }
 
@@ -120,16 +133,30 @@ func (c *Client) readKCP(ctx context.Context) (*clusterv1.Cluster, *controlplane
 
 // WithKCP returns KCP's view of the same machines as if the KubeadmControlPlane
 // were want: which machines a new version or configuration makes outdated,
-// before anything is written.
+// before anything is written. When cp is the snapshot this Client read last,
+// the projection is built from the InfraMachines and KubeadmConfigs that
+// snapshot read, not from a second read of them.
 func (c *Client) WithKCP(ctx context.Context, cp *kcpstate.ControlPlane, want *controlplanev1.KubeadmControlPlane) (*kcpstate.ControlPlane, error) {
-	return kcpstate.NewControlPlane(ctx, nil, newOneRead(c.c, cp.Cluster, cp.Machines), cp.Cluster, want, cp.Machines)
+	return kcpstate.NewControlPlane(ctx, nil, c.readsOf(cp), cp.Cluster, want, cp.Machines)
+}
+
+// readsOf serves the objects snapshot cp was built from when it is the one
+// this Client read last, and reads afresh otherwise.
+func (c *Client) readsOf(cp *kcpstate.ControlPlane) *oneRead {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last.cp == cp {
+		return c.last.reads
+	}
+	return newOneRead(c.c, cp.Cluster, cp.Machines)
 }
 
 // InfraKinds names the KubeadmControlPlane's InfraMachineTemplate and the
 // kinds of cp's InfraMachines, each at the API version Cluster API reads it
-// in: what the watches of a run cache (changes.Scope).
+// in: what the watches of a run cache (changes.Scope). The template is the
+// one cp's snapshot read, when it is this Client's last.
 func (c *Client) InfraKinds(ctx context.Context, cp *kcpstate.ControlPlane) (template schema.GroupVersionKind, machines []schema.GroupVersionKind, err error) {
-	tmpl, err := external.GetObjectFromContractVersionedRef(ctx, c.c, cp.KCP.Spec.MachineTemplate.Spec.InfrastructureRef, cp.KCP.Namespace)
+	tmpl, err := external.GetObjectFromContractVersionedRef(ctx, c.readsOf(cp), cp.KCP.Spec.MachineTemplate.Spec.InfrastructureRef, cp.KCP.Namespace)
 	if err != nil {
 		return schema.GroupVersionKind{}, nil, fmt.Errorf("reading the InfraMachineTemplate of KubeadmControlPlane %s/%s: %w", cp.KCP.Namespace, cp.KCP.Name, err)
 	}
