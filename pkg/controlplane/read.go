@@ -141,7 +141,9 @@ func (c *Client) WithKCP(ctx context.Context, cp *kcpstate.ControlPlane, want *c
 }
 
 // readsOf serves the objects snapshot cp was built from when it is the one
-// this Client read last, and reads afresh otherwise.
+// this Client read last, and reads afresh otherwise. Like the snapshot's own
+// read, what it returns is for one goroutine at a time: the one that took
+// the snapshot and now projects it.
 func (c *Client) readsOf(cp *kcpstate.ControlPlane) *oneRead {
 	c.mu.Lock()
 	defer c.mu.Unlock()

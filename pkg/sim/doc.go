@@ -7,7 +7,10 @@
 //     hack/envtest-binaries.sh builds (AssetsDir finds them);
 //   - the Cluster API v1beta2 CRDs (core, kubeadm control plane and bootstrap,
 //     embedded from package manifests with their contract labels) and the
-//     generic infrastructure CRDs of cluster-api's util/test/builder;
+//     generic infrastructure CRDs of cluster-api's util/test/builder, each
+//     listed once at start so the API server serves it from a ready watch
+//     cache, as on a management cluster that has been running (a fresh one
+//     answers a kind's first list 429 with a one-second Retry-After);
 //   - the real ClusterClass and topology, Cluster, Machine, MachineSet,
 //     MachineDeployment and MachineHealthCheck reconcilers, the real kubeadm
 //     bootstrap (KubeadmConfig) reconciler and the real KubeadmControlPlane
