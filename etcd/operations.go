@@ -137,8 +137,8 @@ func (c *Client) awaitLeader(ctx context.Context, nodes []Node, target Member) e
 // ("unhealthy cluster") while the members that were there before accept it. That refusal,
 // or any other transient failure, moves on to the next member at once; only when every
 // member has refused does the call wait, polling, for the refusal to lift. held is how
-// long etcd kept the change back so, from the first round of refusals to the last: time
-// the cluster imposed, which the caller reports apart from its own.
+// long etcd kept the change back that way, from the first round of refusals to the
+// last: time the cluster imposed, which the caller reports apart from its own.
 func (c *Client) RemoveMember(ctx context.Context, nodes []Node, id uint64) (held time.Duration, err error) {
 	members, _, err := c.members(ctx, nodes)
 	if err != nil {

@@ -42,10 +42,10 @@ type Event struct {
 	Message string `json:"message"`
 	// ElapsedMs is the time since the action started.
 	ElapsedMs int64 `json:"elapsedMs"`
-	// HeldMs, on a done event, is how much of the step the cluster itself
-	// refused it: etcd rejects a membership change until its members have
-	// been connected for five seconds, so removing a member right after a
-	// replacement joined waits on etcd, not on the tool.
+	// HeldMs, on a done event, is the part of the step during which the
+	// cluster itself refused it: etcd rejects a membership change until its
+	// members have been connected for five seconds, so removing a member
+	// right after a replacement joined waits on etcd, not on the tool.
 	HeldMs int64 `json:"heldMs,omitempty"`
 	// Requests, on the summary alone, counts the run's round trips.
 	Requests *Requests `json:"requests,omitempty"`
