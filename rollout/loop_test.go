@@ -58,6 +58,8 @@ type scripted struct {
 	moveFails int
 	// leadsAgain RemoveMember calls find the member elected leader again.
 	leadsAgain int
+	// held is how long RemoveMember says etcd held each removal back.
+	held time.Duration
 	// onWait, when set, changes the world at each wait (n counts them from 1).
 	onWait func(w *Snapshot, n int)
 	waits  int
@@ -286,7 +288,7 @@ func (f *scripted) RemoveMember(_ context.Context, _ []etcd.Node, id uint64) (ti
 	f.record("remove-member %s", f.world.Members[i].Name)
 	f.world.Members = append(f.world.Members[:i], f.world.Members[i+1:]...)
 	f.sample()
-	return 0, nil
+	return f.held, nil
 }
 
 // Wait moves the world on by one stage; it sleeps a moment so that waits
@@ -776,6 +778,28 @@ func TestConvergeLeadership(t *testing.T) {
 		}
 		if moves != 2 {
 			t.Fatalf("leadership moved off n0 %d times, want 2: %v", moves, f.calls)
+		}
+	})
+	t.Run("reports how long etcd held a removal", func(t *testing.T) {
+		f := newScripted(world(machineSpec{outdated: true, leader: true}, old, old))
+		f.held = 2500 * time.Millisecond
+		e, ev := engineFor(f, fast)
+		if err := converge(t, e, surge1); err != nil {
+			t.Fatal(err)
+		}
+		removals := 0
+		for _, e := range ev.all {
+			if e.Action == "remove-member" && e.Phase == progress.Done {
+				removals++
+				if e.HeldMs != 2500 || !strings.Contains(e.Message, "etcd held the change 2.5s") {
+					t.Errorf("remove-member done: heldMs %d, message %q; want 2500 and the hold told", e.HeldMs, e.Message)
+				}
+			} else if e.HeldMs != 0 {
+				t.Errorf("%s %s carries heldMs %d; only a removal etcd held does", e.Action, e.Phase, e.HeldMs)
+			}
+		}
+		if removals != 3 {
+			t.Fatalf("%d removals done, want 3", removals)
 		}
 	})
 	t.Run("gives up on a member that keeps winning it back", func(t *testing.T) {
