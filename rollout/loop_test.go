@@ -423,6 +423,17 @@ func (r *events) find(action string, phase progress.Phase, says string) bool {
 	return false
 }
 
+// of is the events of action in phase, in order.
+func (r *events) of(action string, phase progress.Phase) []progress.Event {
+	var out []progress.Event
+	for _, e := range r.all {
+		if e.Action == action && e.Phase == phase {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 type heldLock struct{ err error }
 
 func (l *heldLock) Held() error { return l.err }
@@ -787,19 +798,19 @@ func TestConvergeLeadership(t *testing.T) {
 		if err := converge(t, e, surge1); err != nil {
 			t.Fatal(err)
 		}
-		removals := 0
-		for _, e := range ev.all {
-			if e.Action == "remove-member" && e.Phase == progress.Done {
-				removals++
-				if e.HeldMs != 2500 || !strings.Contains(e.Message, "etcd held the change 2.5s") {
-					t.Errorf("remove-member done: heldMs %d, message %q; want 2500 and the hold told", e.HeldMs, e.Message)
-				}
-			} else if e.HeldMs != 0 {
-				t.Errorf("%s %s carries heldMs %d; only a removal etcd held does", e.Action, e.Phase, e.HeldMs)
+		removals := ev.of("remove-member", progress.Done)
+		if len(removals) != 3 {
+			t.Fatalf("%d removals done, want 3", len(removals))
+		}
+		for _, e := range removals {
+			if e.HeldMs != 2500 || !strings.Contains(e.Message, "etcd held the change 2.5s") {
+				t.Errorf("remove-member done: heldMs %d, message %q; want 2500 and the hold told", e.HeldMs, e.Message)
 			}
 		}
-		if removals != 3 {
-			t.Fatalf("%d removals done, want 3", removals)
+		for _, e := range ev.all {
+			if e.HeldMs != 0 && (e.Action != "remove-member" || e.Phase != progress.Done) {
+				t.Errorf("%s %s carries heldMs %d; only a removal etcd held does", e.Action, e.Phase, e.HeldMs)
+			}
 		}
 	})
 	t.Run("gives up on a member that keeps winning it back", func(t *testing.T) {
@@ -863,13 +874,7 @@ func TestConvergeSettlesAfterEachJoin(t *testing.T) {
 	if err := converge(t, e, surge1); err != nil {
 		t.Fatal(err)
 	}
-	settled := 0
-	for _, e := range ev.all {
-		if e.Action == "settle" && e.Phase == progress.Done {
-			settled++
-		}
-	}
-	if settled != 3 {
+	if settled := len(ev.of("settle", progress.Done)); settled != 3 {
 		t.Fatalf("settled %d times, want after each of 3 joins", settled)
 	}
 	ev.paired(t)
