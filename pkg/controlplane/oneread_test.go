@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -78,19 +81,29 @@ func TestSnapshotReadsEachObjectOnce(t *testing.T) {
 	scheme := Scheme()
 	_ = apiextensionsv1.AddToScheme(scheme)
 	type counts map[string]int
-	build := func(refuseLists bool) (client.Client, counts) {
+	// build counts each read; a snapshot's reads run side by side, so the
+	// count is locked, and together (when given) holds reads until the
+	// others of their group have begun.
+	build := func(refuseLists bool, together *sideBySide) (client.Client, counts) {
 		n := counts{}
+		var mu sync.Mutex
+		count := func(read string) {
+			mu.Lock()
+			n[read]++
+			mu.Unlock()
+			together.arrive(read)
+		}
 		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
 			Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 				if _, crd := obj.(*metav1.PartialObjectMetadata); !crd {
 					gvk, _ := c.GroupVersionKindFor(obj)
-					n["get "+gvk.Kind+" "+key.Name]++
+					count("get " + gvk.Kind + " " + key.Name)
 				}
 				return c.Get(ctx, key, obj, opts...)
 			},
 			List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
 				gvk, _ := c.GroupVersionKindFor(list)
-				n["list "+gvk.Kind]++
+				count("list " + gvk.Kind)
 				if refuseLists && gvk.Kind != "MachineList" {
 					return apierrors.NewForbidden(schema.GroupResource{Resource: gvk.Kind}, "", fmt.Errorf("get only"))
 				}
@@ -101,7 +114,7 @@ func TestSnapshotReadsEachObjectOnce(t *testing.T) {
 	}
 	ctx := context.Background()
 
-	plain, perObject := build(false)
+	plain, perObject := build(false, nil)
 	want, err := kcpstate.NewControlPlane(ctx, nil, plain, cluster, kcp, machines)
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +123,7 @@ func TestSnapshotReadsEachObjectOnce(t *testing.T) {
 		t.Fatalf("KCP's own reads %v: the template is not read per machine, nothing to share", perObject)
 	}
 	for _, refuse := range []bool{false, true} {
-		c, n := build(refuse)
+		c, n := build(refuse, nil)
 		got, err := kcpstate.NewControlPlane(ctx, nil, newOneRead(c, cluster, machines), cluster, kcp, machines)
 		if err != nil {
 			t.Fatal(err)
@@ -136,12 +149,20 @@ func TestSnapshotReadsEachObjectOnce(t *testing.T) {
 	// A Client's projection of the snapshot it read last (WithKCP, to the
 	// target version) and the kinds its watches cache (InfraKinds) come from
 	// that snapshot's reads; a snapshot that is not its last is read afresh.
-	c, n := build(false)
+	// Read takes the snapshot in two rounds of reads side by side: the
+	// Machines beside the Cluster (and then its KCP), then the InfraMachines,
+	// the KubeadmConfigs and the template together.
+	together := &sideBySide{t: t, groups: [][]string{
+		{"get Cluster " + name, "list MachineList"},
+		{"list GenericInfrastructureMachineList", "list KubeadmConfigList", "get GenericInfrastructureMachineTemplate tmpl"},
+	}}
+	c, n := build(false, together)
 	cpc := New(c, ns, name)
 	read, err := cpc.Read(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	together.groups = nil
 	if read.Machines.Len() != 3 {
 		t.Fatalf("Read found machines %v, want m0, m1, m2", read.Machines.Names())
 	}
@@ -166,5 +187,45 @@ func TestSnapshotReadsEachObjectOnce(t *testing.T) {
 	}
 	if n["list KubeadmConfigList"] != before["list KubeadmConfigList"]+1 {
 		t.Errorf("WithKCP of a snapshot this Client did not read last did not read it: requests %v", n)
+	}
+}
+
+// sideBySide holds each read of its groups until every read of the group has
+// begun, and fails the test when one waits in vain: reads made one after the
+// other never all begin together. A nil one holds nothing.
+type sideBySide struct {
+	t      *testing.T
+	mu     sync.Mutex
+	groups [][]string
+	begun  map[int]chan struct{}
+	count  map[int]int
+}
+
+func (s *sideBySide) arrive(read string) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	group := slices.IndexFunc(s.groups, func(g []string) bool { return slices.Contains(g, read) })
+	if group < 0 {
+		s.mu.Unlock()
+		return
+	}
+	if s.begun == nil {
+		s.begun, s.count = map[int]chan struct{}{}, map[int]int{}
+	}
+	if s.begun[group] == nil {
+		s.begun[group] = make(chan struct{})
+	}
+	all := s.begun[group]
+	if s.count[group]++; s.count[group] == len(s.groups[group]) {
+		close(all)
+	}
+	others := s.groups[group]
+	s.mu.Unlock()
+	select {
+	case <-all:
+	case <-time.After(2 * time.Second):
+		s.t.Errorf("%s waited in vain for %v to begin beside it: they are read one after the other", read, others)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -84,19 +85,32 @@ func (c *Client) Key() types.NamespacedName {
 // KubeadmControlPlane; otherwise the error is marked Unsafe and names what is
 // wrong.
 func (c *Client) Read(ctx context.Context) (*kcpstate.ControlPlane, error) {
+	// The cluster's Machines are listed while the Cluster and its KCP are
+	// read (one after the other: the Cluster names its KCP): the list selects
+	// by the cluster's name alone, and is filtered once both are known.
+	var (
+		all     collections.Machines
+		listErr error
+		listed  = make(chan struct{})
+	)
+	go func() {
+		defer close(listed)
+		named := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Cluster}}
+		all, listErr = collections.GetFilteredMachinesForCluster(ctx, c.c, named)
+	}()
 	cluster, kcp, err := c.readKCP(ctx)
+	<-listed
 	if err != nil {
 		return nil, err
 	}
-
-	// As KCP does: control-plane Machines of the cluster that this KCP owns.
-	machines, err := collections.GetFilteredMachinesForCluster(ctx, c.c, cluster,
-		collections.ControlPlaneMachines(cluster.Name),
-		collections.OwnedMachines(kcp, controlplanev1.GroupVersion.WithKind("KubeadmControlPlane").GroupKind()))
-	if err != nil {
-		return nil, fmt.Errorf("listing control-plane machines of %s/%s: %w", c.Namespace, c.Cluster, err)
+	if listErr != nil {
+		return nil, fmt.Errorf("listing control-plane machines of %s/%s: %w", c.Namespace, c.Cluster, listErr)
 	}
+	// As KCP does: control-plane Machines of the cluster that this KCP owns.
+	machines := all.Filter(collections.ControlPlaneMachines(cluster.Name),
+		collections.OwnedMachines(kcp, controlplanev1.GroupVersion.WithKind("KubeadmControlPlane").GroupKind()))
 	reads := newOneRead(c.c, cluster, machines)
+	reads.prefetch(ctx, kcp, machines)
 	cp, err := kcpstate.NewControlPlane(ctx, nil, reads, cluster, kcp, machines)
 	if err != nil {
 		return nil, fmt.Errorf("reading control plane of %s/%s: %w", c.Namespace, c.Cluster, err)
@@ -141,9 +155,7 @@ func (c *Client) WithKCP(ctx context.Context, cp *kcpstate.ControlPlane, want *c
 }
 
 // readsOf serves the objects snapshot cp was built from when it is the one
-// this Client read last, and reads afresh otherwise. Like the snapshot's own
-// read, what it returns is for one goroutine at a time: the one that took
-// the snapshot and now projects it.
+// this Client read last, and reads afresh otherwise.
 func (c *Client) readsOf(cp *kcpstate.ControlPlane) *oneRead {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 
+	"golang.org/x/sync/errgroup"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	appsv1client "k8s.io/client-go/kubernetes/typed/apps/v1"
@@ -160,15 +162,28 @@ const StaticPodSelector = "tier=control-plane"
 // the number of machines (a snapshot is read before every step, and on a
 // large cluster the other nodes and kube-system pods are many). A node that is
 // not among the control-plane nodes, or a pod that does not exist, is reported
-// as such, not as an error: it is a state to wait on.
+// as such, not as an error: it is a state to wait on. The two lists are
+// read side by side.
 func (c *Client) Nodes(ctx context.Context, names []string, components []string) (map[string]Node, error) {
-	nodes, err := c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: ControlPlaneNodeLabel})
-	if err != nil {
-		return nil, fmt.Errorf("workload cluster %s: listing control-plane nodes: %w", c.Name, err)
-	}
-	pods, err := c.Kube.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: StaticPodSelector})
-	if err != nil {
-		return nil, fmt.Errorf("workload cluster %s: listing static control-plane pods: %w", c.Name, err)
+	var (
+		nodes *corev1.NodeList
+		pods  *corev1.PodList
+		g     errgroup.Group
+	)
+	g.Go(func() (err error) {
+		if nodes, err = c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: ControlPlaneNodeLabel}); err != nil {
+			return fmt.Errorf("workload cluster %s: listing control-plane nodes: %w", c.Name, err)
+		}
+		return nil
+	})
+	g.Go(func() (err error) {
+		if pods, err = c.Kube.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: StaticPodSelector}); err != nil {
+			return fmt.Errorf("workload cluster %s: listing static control-plane pods: %w", c.Name, err)
+		}
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	return Health(pointers(nodes.Items), pointers(pods.Items), names, components), nil
 }
