@@ -18,6 +18,8 @@ import (
 	"strings"
 	"sync"
 
+	"golang.org/x/sync/errgroup"
+
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -89,22 +91,23 @@ func (c *Client) Read(ctx context.Context) (*kcpstate.ControlPlane, error) {
 	// read (one after the other: the Cluster names its KCP): the list selects
 	// by the cluster's name alone, and is filtered once both are known.
 	var (
-		all     collections.Machines
-		listErr error
-		listed  = make(chan struct{})
+		all  collections.Machines
+		list errgroup.Group
 	)
-	go func() {
-		defer close(listed)
+	list.Go(func() (err error) {
 		named := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Cluster}}
-		all, listErr = collections.GetFilteredMachinesForCluster(ctx, c.c, named)
-	}()
+		if all, err = collections.GetFilteredMachinesForCluster(ctx, c.c, named); err != nil {
+			return fmt.Errorf("listing control-plane machines of %s/%s: %w", c.Namespace, c.Cluster, err)
+		}
+		return nil
+	})
 	cluster, kcp, err := c.readKCP(ctx)
-	<-listed
-	if err != nil {
+	listErr := list.Wait()
+	switch {
+	case err != nil:
 		return nil, err
-	}
-	if listErr != nil {
-		return nil, fmt.Errorf("listing control-plane machines of %s/%s: %w", c.Namespace, c.Cluster, listErr)
+	case listErr != nil:
+		return nil, listErr
 	}
 	// As KCP does: control-plane Machines of the cluster that this KCP owns.
 	machines := all.Filter(collections.ControlPlaneMachines(cluster.Name),
