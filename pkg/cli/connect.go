@@ -261,7 +261,7 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 		Template:      changes.Object{GVK: template, Name: state.KCP.Spec.MachineTemplate.Spec.InfrastructureRef.Name},
 		InfraMachines: infraMachines}
 	// The live client the caches fall back on shares cp's CRD metadata.
-	watches, err := changes.Watch(watchCtx, cfg, cp.Kube(), scope, wl.Kube)
+	watches, err := changes.Watch(watchCtx, cfg, cp.Kube(), scope, wl.Watching)
 	if err != nil {
 		cleanup()
 		return nil, nil, err

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -37,6 +38,10 @@ const EtcdComponent = "etcd"
 type Client struct {
 	Config *rest.Config
 	Kube   Kube
+	// Watching is Kube for watches: Config's timeout (Cluster API's 10 s for
+	// a workload cluster) bounds a whole request, a watch's stream included,
+	// and would end every watch after 10 s.
+	Watching Kube
 	// Name is namespace/cluster, for messages.
 	Name string
 }
@@ -54,11 +59,32 @@ func New(ctx context.Context, mgmt client.Reader, namespace, cluster string, wra
 	// A rollout reads a handful of objects per step; client-go's default of 5
 	// requests a second would make every snapshot wait on the limiter.
 	cfg.QPS, cfg.Burst = 50, 100
+	c, err := newClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c.Name = namespace + "/" + cluster
+	return c, nil
+}
+
+// watchTimeout bounds a request of Client.Watching. An informer's watch asks
+// the API server to end it after 5 to 10 minutes (client-go's reflector), so
+// the bound ends none of them and still ends a list that hangs. Cluster
+// API's cluster cache sets the same for its informers.
+const watchTimeout = 11 * time.Minute
+
+func newClient(cfg *rest.Config) (*Client, error) {
 	kube, err := newKube(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &Client{Config: cfg, Kube: kube, Name: namespace + "/" + cluster}, nil
+	watchCfg := rest.CopyConfig(cfg)
+	watchCfg.Timeout = watchTimeout
+	watching, err := newKube(watchCfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{Config: cfg, Kube: kube, Watching: watching}, nil
 }
 
 // Kube is the part of client-go's clientset the tool uses on a workload

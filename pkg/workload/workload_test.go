@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/cp-rollout/cp-rollout/pkg/sim/apiservertest"
@@ -97,5 +98,57 @@ func TestNodesReadsTheControlPlaneByLabel(t *testing.T) {
 		if n := got[name]; n.Found || n.Name != name {
 			t.Errorf("%s read as %+v; want not found among the control-plane nodes", name, n)
 		}
+	}
+}
+
+// TestWatchesOutliveTheRequestTimeout: a workload cluster's configuration
+// bounds every request (Cluster API's 10 s, 1 s here), a watch's stream
+// included; the clients for watches keep a watch open past it, and it still
+// delivers.
+func TestWatchesOutliveTheRequestTimeout(t *testing.T) {
+	cfg := apiservertest.Start(t)
+	cfg.Timeout = time.Second
+	c, err := newClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	watchNodes := func(kube Kube) <-chan watch.Event {
+		w, err := kube.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(w.Stop)
+		return w.ResultChan()
+	}
+	bounded, watching := watchNodes(c.Kube), watchNodes(c.Watching)
+	deadline := time.After(3 * time.Second)
+	for bounded != nil {
+		select {
+		case _, open := <-bounded:
+			if !open {
+				bounded = nil // the premise: a bounded watch ends
+			}
+		case <-deadline:
+			t.Fatal("a watch on the bounded clients outlived the request timeout: the test shows nothing")
+		}
+	}
+	select {
+	case e, open := <-watching:
+		t.Fatalf("the watch for informers ended or changed before anything happened: %v %v", e.Type, open)
+	case <-time.After(time.Second):
+	}
+	if _, err := c.Kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "late"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e, open := <-watching:
+		if !open || e.Type != watch.Added {
+			t.Fatalf("the watch for informers: %v %v, want the node added", e.Type, open)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch for informers did not deliver a node created after the request timeout")
 	}
 }
