@@ -62,8 +62,11 @@ func New(c client.Client, kcp *controlplanev1.KubeadmControlPlane, instance stri
 	return t
 }
 
-// Reporter passes every event on to next and records the end of each step
-// (done or failed) on the trail. Waits and re-reads are not steps.
+// Reporter passes every event on to next and records on the trail the end
+// of each step that changes the control plane, and every failure. A wait
+// (await-join, await-deletion, await-kcp, ..., settle) changes nothing:
+// only its failure, which is why a run stopped, is recorded. Re-reads are
+// not steps.
 func (t *Trail) Reporter(next progress.Reporter) progress.Reporter {
 	return &reporter{Reporter: next, t: t}
 }
@@ -75,9 +78,17 @@ type reporter struct {
 
 func (r *reporter) Report(e progress.Event) {
 	r.Reporter.Report(e)
-	if (e.Phase == progress.Done || e.Phase == progress.Failed) && e.Action != "read" {
+	if Records(e.Action, e.Phase) {
 		r.t.record(e)
 	}
+}
+
+// Records reports whether the trail records an event of action in phase
+// (see Reporter). The run's waits are named await-<what>, but for settle,
+// the pause after a machine joined.
+func Records(action string, phase progress.Phase) bool {
+	wait := strings.HasPrefix(action, "await-") || action == "settle"
+	return action != "read" && (phase == progress.Failed || phase == progress.Done && !wait)
 }
 
 // record queues e's Event; when the queue is full (the API server cannot

@@ -28,8 +28,8 @@ func (d *discard) Stop()                                       {}
 // TestTrailRecordsEachStepOnTheKCP, on a real API server (whose validation of
 // events.k8s.io Events would drop a malformed one silently in a run): the end
 // of each step becomes an Event on the KubeadmControlPlane, a failed one a
-// Warning, with the machine related; waits and re-reads do not; every event
-// still reaches the run's own reporter.
+// Warning, with the machine related; a wait only when it fails, a re-read
+// never; every event still reaches the run's own reporter.
 func TestTrailRecordsEachStepOnTheKCP(t *testing.T) {
 	cfg := apiservertest.Start(t)
 	c, err := client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
@@ -46,6 +46,9 @@ func TestTrailRecordsEachStepOnTheKCP(t *testing.T) {
 		{Action: "create", Phase: progress.Started, Message: "create a control-plane machine"},
 		{Action: "create", Machine: "demo-control-plane-abcde", Phase: progress.Done, Message: "created at v1.36.3"},
 		{Action: "await-join", Machine: "demo-control-plane-abcde", Phase: progress.Waiting, Message: "no node yet"},
+		{Action: "await-join", Machine: "demo-control-plane-abcde", Phase: progress.Done, Message: "healthy"},
+		{Action: "settle", Phase: progress.Done, Message: "settled"},
+		{Action: "await-deletion", Machine: "demo-control-plane-old", Phase: progress.Failed, Message: "not gone within 10m0s"},
 		{Action: "read", Phase: progress.Done, Message: "read again"},
 		{Action: "move-leader", Machine: "demo-control-plane-old", Phase: progress.Failed, Message: "to x: timed out; trying the next candidate",
 			Hop: progress.Hop{Index: 1, Of: 2, Version: "v1.35.2"}},
@@ -56,8 +59,8 @@ func TestTrailRecordsEachStepOnTheKCP(t *testing.T) {
 		r.Report(e)
 	}
 	trail.Close()
-	if next.n != 7 {
-		t.Fatalf("the run's reporter got %d of 7 events", next.n)
+	if next.n != 10 {
+		t.Fatalf("the run's reporter got %d of 10 events", next.n)
 	}
 
 	var list eventsv1.EventList
@@ -82,6 +85,7 @@ func TestTrailRecordsEachStepOnTheKCP(t *testing.T) {
 		corev1.EventTypeNormal + " | Pause | pause |  | KCP reports Paused",
 		corev1.EventTypeWarning + " | MoveLeaderFailed | move-leader | Machine/demo-control-plane-old | hop 1/2 v1.35.2: to x: timed out; trying the next candidate",
 		corev1.EventTypeWarning + " | Refused | refuse | Machine/demo-control-plane-old | etcd member x is not healthy",
+		corev1.EventTypeWarning + " | AwaitDeletionFailed | await-deletion | Machine/demo-control-plane-old | not gone within 10m0s",
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {

@@ -18,6 +18,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
+	"github.com/cp-rollout/cp-rollout/pkg/audit"
+	"github.com/cp-rollout/cp-rollout/pkg/progress"
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
@@ -196,7 +198,7 @@ func stringOf(v any) string {
 
 // assertAuditTrail: `kubectl events` on the KubeadmControlPlane lists every
 // step the run reported done or failed, with its machine as related object,
-// reported by cp-rollout.
+// reported by cp-rollout, but for the waits that ended well.
 func assertAuditTrail(t *testing.T, ctx context.Context, e *env, evs []map[string]any) {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, "kubectl", "events", "-n", e.Sim.KCPKey().Namespace,
@@ -218,11 +220,14 @@ func assertAuditTrail(t *testing.T, ctx context.Context, e *env, evs []map[strin
 				machine = ev.Related.Name
 			}
 			recorded[ev.Action+" "+machine]++
+			if ev.Type == corev1.EventTypeNormal && !audit.Records(ev.Action, progress.Done) {
+				t.Errorf("kubectl events lists %s %s %q: a wait is recorded only when it fails", ev.Action, machine, ev.Message)
+			}
 		}
 	}
 	want := map[string]int{}
 	for _, ev := range evs {
-		if (ev["phase"] == "done" || ev["phase"] == "failed") && ev["action"] != "read" && ev["action"] != "summary" {
+		if ev["action"] != "summary" && audit.Records(stringOf(ev["action"]), progress.Phase(stringOf(ev["phase"]))) {
 			want[stringOf(ev["action"])+" "+stringOf(ev["machine"])]++
 		}
 	}
