@@ -41,6 +41,8 @@ type ControlPlane interface {
 	Key() types.NamespacedName
 	// Read returns KCP's own view of the control plane.
 	Read(ctx context.Context) (*kcpstate.ControlPlane, error)
+	// ReadKCP reads the Cluster and its KubeadmControlPlane alone.
+	ReadKCP(ctx context.Context) (*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, error)
 	// WithKCP is cp as KCP would see it with want as its spec.
 	WithKCP(ctx context.Context, cp *kcpstate.ControlPlane, want *controlplanev1.KubeadmControlPlane) (*kcpstate.ControlPlane, error)
 
@@ -63,7 +65,8 @@ type ControlPlane interface {
 	// LockedBy is the refusal a run meets while lease's live holder runs.
 	LockedBy(lease *coordinationv1.Lease) error
 	BreakLock(ctx context.Context, force bool) (string, error)
-	Pause(ctx context.Context, rec controlplane.Record, timeout time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error)
+	// Pause pauses kcp, as just read with its cluster, with rec.
+	Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record, timeout time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error)
 	// SetTarget sets the target where its owner reads it: the KCP, or a
 	// topology Cluster (then it returns once the topology controller has
 	// written it into the KCP).

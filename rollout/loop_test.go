@@ -139,6 +139,14 @@ func (f *scripted) Read(context.Context) (*kcpstate.ControlPlane, error) {
 	return f.world.clone().CP, nil
 }
 
+func (f *scripted) ReadKCP(ctx context.Context) (*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, error) {
+	cp, err := f.Read(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cp.Cluster, cp.KCP, nil
+}
+
 func (f *scripted) Lease(context.Context) (*coordinationv1.Lease, error) { return f.lease, nil }
 
 func (f *scripted) LockedBy(lease *coordinationv1.Lease) error {
@@ -1044,10 +1052,10 @@ type handover struct {
 	setTargetErr error
 }
 
-func (h *handover) Pause(_ context.Context, rec controlplane.Record, _ time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
+func (h *handover) Pause(_ context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record, _ time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if err := mayTakeOver(h.world.CP.Cluster, h.world.CP.KCP); err != nil {
+	if err := mayTakeOver(cluster, kcp); err != nil {
 		return nil, err
 	}
 	h.record("pause")

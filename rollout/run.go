@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
 
@@ -272,28 +273,30 @@ func (e *Engine) runHop(ctx context.Context, p *Prepared, i int) error {
 // behind go, and the workload cluster gets what kubeadm reads before
 // machines of a new version join. It returns the control plane it left.
 func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcpstate.ControlPlane, error) {
-	live, err := e.ControlPlane.Read(ctx)
+	// The hand-over decides on the Cluster and the KubeadmControlPlane alone,
+	// read again now that this run holds the Lease.
+	cluster, kcp, err := e.ControlPlane.ReadKCP(ctx)
 	if err != nil {
 		return nil, err
 	}
-	rec, err := controlplane.RecordOf(live.KCP)
+	rec, err := controlplane.RecordOf(kcp)
 	if err != nil {
 		return nil, err
 	}
 	pausedNow := rec == nil
-	kcp := live.KCP
 	if pausedNow {
 		// The target is set on the KubeadmControlPlane the pause read last.
-		if kcp, err = e.pause(ctx, live, r); err != nil {
+		if kcp, err = e.pause(ctx, cluster, kcp, r); err != nil {
 			return nil, err
 		}
 	} else {
 		e.note("resume", "continuing "+rec.String())
 	}
-	if err := e.ControlPlane.SetTarget(ctx, live.Cluster, kcp, version, r.Replicas); err != nil {
+	if err := e.ControlPlane.SetTarget(ctx, cluster, kcp, version, r.Replicas); err != nil {
 		return nil, e.targetRejected(ctx, kcp, pausedNow, err)
 	}
-	if live, err = e.ControlPlane.Read(ctx); err != nil {
+	live, err := e.ControlPlane.Read(ctx)
+	if err != nil {
 		return nil, err
 	}
 	// A resumed run skipped the pause: make sure KCP is still paused before
@@ -333,11 +336,11 @@ func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.Kubeadm
 // KCP reports it paused; it returns the KubeadmControlPlane as last read. A
 // pause that is then found unsafe to keep (a remediation KCP started just
 // before) is handed back at once.
-func (e *Engine) pause(ctx context.Context, live *kcpstate.ControlPlane, r Request) (_ *controlplanev1.KubeadmControlPlane, err error) {
-	st := e.begin("pause", "", "pausing KubeadmControlPlane "+live.KCP.Name)
+func (e *Engine) pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, r Request) (_ *controlplanev1.KubeadmControlPlane, err error) {
+	st := e.begin("pause", "", "pausing KubeadmControlPlane "+kcp.Name)
 	defer st.end(&err)
 	rec := controlplane.Record{Operation: r.Operation, Target: r.TargetString(), Who: controlplane.Who(), Started: time.Now().UTC()}
-	kcp, err := e.ControlPlane.Pause(ctx, rec, PauseTimeout, takeoverCheck)
+	kcp, err = e.ControlPlane.Pause(ctx, cluster, kcp, rec, PauseTimeout, takeoverCheck)
 	if err != nil {
 		if kcp != nil {
 			cleanupCtx, cancelCleanup := cleanupContext(ctx)

@@ -75,47 +75,48 @@ type TakeoverCheck func(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmC
 
 // Pause sets the pause annotation and our operation record in one patch, then
 // waits until the KCP controller reports Paused: an annotation does not stop a
-// reconcile already running, the condition does.
+// reconcile already running, the condition does. cluster and kcp are as the
+// caller has just read them.
 //
 // The patch carries the resourceVersion the takeover was checked on, so a
 // KubeadmControlPlane that changed in between (paused by someone else, a
-// remediation started) is checked again rather than taken over blindly.
+// remediation started) is read and checked again rather than taken over
+// blindly.
 //
 // Only a Paused condition that KCP set after this pause counts: right after a
 // previous hand-back, KCP may not yet have recomputed the True it reported
 // while paused, and a reconcile with an unpaused view may still be running.
 // So a True seen before the pause must first turn False.
-func (c *Client) Pause(ctx context.Context, rec Record, timeout time.Duration, mayTakeOver TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
+func (c *Client) Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec Record, timeout time.Duration, mayTakeOver TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
 	raw, err := json.Marshal(rec)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.awaitUnpausedView(ctx, timeout); err != nil {
+	if cluster, kcp, err = c.awaitUnpausedView(ctx, cluster, kcp, timeout); err != nil {
 		return nil, err
 	}
-	var kcp *controlplanev1.KubeadmControlPlane
 	for attempt := 1; ; attempt++ {
-		cluster, current, err := c.readKCP(ctx)
-		if err != nil {
-			return nil, err
+		if attempt > 1 {
+			if cluster, kcp, err = c.ReadKCP(ctx); err != nil {
+				return nil, err
+			}
 		}
-		if err := mayTakeOver(cluster, current); err != nil {
+		if err := mayTakeOver(cluster, kcp); err != nil {
 			return nil, err
 		}
 		body, err := json.Marshal(map[string]any{"metadata": map[string]any{
-			"uid": current.UID, "resourceVersion": current.ResourceVersion,
+			"uid": kcp.UID, "resourceVersion": kcp.ResourceVersion,
 			"annotations": map[string]any{clusterv1.PausedAnnotation: "true", RecordAnnotation: string(raw)},
 		}})
 		if err != nil {
 			return nil, err
 		}
-		err = c.c.Patch(ctx, current, client.RawPatch(types.MergePatchType, body))
+		err = c.c.Patch(ctx, kcp, client.RawPatch(types.MergePatchType, body))
 		if err == nil {
-			kcp = current
 			break
 		}
 		if !apierrors.IsConflict(err) || attempt == 5 {
-			return nil, fmt.Errorf("pausing KubeadmControlPlane %s: %w", current.Name, err)
+			return nil, fmt.Errorf("pausing KubeadmControlPlane %s: %w", kcp.Name, err)
 		}
 	}
 	var last *metav1.Condition
@@ -148,22 +149,24 @@ func (c *Client) Pause(ctx context.Context, rec Record, timeout time.Duration, m
 // awaitUnpausedView waits until the KCP controller no longer reports a
 // Paused=True left from before: a KubeadmControlPlane without the pause
 // annotation that still says Paused has not been reconciled since it was
-// unpaused.
-func (c *Client) awaitUnpausedView(ctx context.Context, timeout time.Duration) error {
-	var name string
+// unpaused. It starts from cluster and kcp, and returns them as last read.
+func (c *Client) awaitUnpausedView(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, timeout time.Duration) (*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, error) {
+	first := true
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		_, kcp, err := c.readKCP(ctx)
-		if err != nil {
-			return false, err
+		if !first {
+			var err error
+			if cluster, kcp, err = c.ReadKCP(ctx); err != nil {
+				return false, err
+			}
 		}
-		name = kcp.Name
+		first = false
 		_, annotated := kcp.Annotations[clusterv1.PausedAnnotation]
 		return annotated || !conditions.IsTrue(kcp, clusterv1.PausedCondition), nil
 	})
 	if err != nil && ctx.Err() == nil && wait.Interrupted(err) {
-		return exitcode.Timeoutf("KubeadmControlPlane %s: the KCP controller still reports Paused from before, %s after it was unpaused (is the controller running?)", name, timeout)
+		return nil, nil, exitcode.Timeoutf("KubeadmControlPlane %s: the KCP controller still reports Paused from before, %s after it was unpaused (is the controller running?)", kcp.Name, timeout)
 	}
-	return err
+	return cluster, kcp, err
 }
 
 // Resume hands the control plane back to KCP: it removes the pause and the

@@ -95,7 +95,11 @@ func TestPauseWaitsOutAStalePausedCondition(t *testing.T) {
 
 	cp := New(c, "default", "demo")
 	any := func(*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane) error { return nil }
-	if _, err := cp.Pause(ctx, Record{Operation: "upgrade", Target: "v1.36.3", Who: "test"}, 30*time.Second, any); err != nil {
+	readCluster, readKCP, err := cp.ReadKCP(ctx) // as the run reads them before it pauses
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Pause(ctx, readCluster, readKCP, Record{Operation: "upgrade", Target: "v1.36.3", Who: "test"}, 30*time.Second, any); err != nil {
 		t.Fatal(err)
 	}
 	// Pause may see Paused=True before the stand-in's write has returned to it;

@@ -101,7 +101,7 @@ func (c *Client) Read(ctx context.Context) (*kcpstate.ControlPlane, error) {
 		}
 		return nil
 	})
-	cluster, kcp, err := c.readKCP(ctx)
+	cluster, kcp, err := c.ReadKCP(ctx)
 	listErr := list.Wait()
 	switch {
 	case err != nil:
@@ -124,8 +124,9 @@ func (c *Client) Read(ctx context.Context) (*kcpstate.ControlPlane, error) {
 	return cp, nil
 }
 
-// readKCP reads the Cluster and its KubeadmControlPlane.
-func (c *Client) readKCP(ctx context.Context) (*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, error) {
+// ReadKCP reads the Cluster and its KubeadmControlPlane alone: what the
+// hand-over decides on.
+func (c *Client) ReadKCP(ctx context.Context) (*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, error) {
 	cluster := &clusterv1.Cluster{}
 	if err := c.c.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: c.Cluster}, cluster); err != nil {
 		if apierrors.IsNotFound(err) {
