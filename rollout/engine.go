@@ -133,6 +133,11 @@ type controlPlaneReader interface {
 	Read(ctx context.Context) (*kcpstate.ControlPlane, error)
 }
 
+// readFunc is a function as a controlPlaneReader.
+type readFunc func(ctx context.Context) (*kcpstate.ControlPlane, error)
+
+func (f readFunc) Read(ctx context.Context) (*kcpstate.ControlPlane, error) { return f(ctx) }
+
 // nodeReader is the read of Workload's nodes, live or cached.
 type nodeReader interface {
 	Nodes(ctx context.Context, names []string, components []string) (map[string]workload.Node, error)
@@ -160,6 +165,9 @@ type Engine struct {
 	Timeouts Timeouts
 	// Requests, when set, counts the run's round trips for its summary.
 	Requests func() progress.Requests
+	// Connected, when set, is the control plane as read live while
+	// connecting, which the first look of a verb takes (ReadFirst).
+	Connected *kcpstate.ControlPlane
 
 	steps stepLog
 	// seenHealthy names the machines this engine has read healthy.
@@ -185,6 +193,23 @@ type Engine struct {
 // nodes of its machines, then etcd through those nodes.
 func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
 	return e.readFrom(ctx, e.ControlPlane, e.Workload, false)
+}
+
+// ReadFirst is Read for a verb's first look (Prepare, status): it takes the
+// control plane as connect read it a moment ago, once, rather than read it
+// again; the workload cluster and etcd are read now. Nothing that changes the
+// cluster is decided on it: every step reads live again.
+func (e *Engine) ReadFirst(ctx context.Context) (*Snapshot, error) {
+	return e.readFrom(ctx, readFunc(e.firstControlPlane), e.Workload, false)
+}
+
+// firstControlPlane is ReadFirst's read of the management cluster.
+func (e *Engine) firstControlPlane(ctx context.Context) (*kcpstate.ControlPlane, error) {
+	if cp := e.Connected; cp != nil {
+		e.Connected = nil
+		return cp, nil
+	}
+	return e.ControlPlane.Read(ctx)
 }
 
 // readCached takes a snapshot from the watches' caches, with etcd read live

@@ -1104,3 +1104,31 @@ func TestRejectedTargetIsHandedBackAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestReadFirstTakesTheConnectedControlPlaneOnce: a verb's first look takes
+// the control plane connect has just read, with the workload and etcd read
+// now; every read after it is live.
+func TestReadFirstTakesTheConnectedControlPlaneOnce(t *testing.T) {
+	ctx := context.Background()
+	f := newScripted(world(machineSpec{}, machineSpec{}, machineSpec{}))
+	e, _ := engineFor(f, fast)
+	connected := f.world.clone().CP
+	e.Connected = connected
+	reads := func() int { return strings.Count(strings.Join(f.trace, ","), "read") }
+
+	first, err := e.ReadFirst(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.CP != connected || reads() != 0 || len(first.Members) != 3 {
+		t.Fatalf("first look: connected control plane %v, management reads %d, members %d; want it, none, 3",
+			first.CP == connected, reads(), len(first.Members))
+	}
+	again, err := e.ReadFirst(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.CP == connected || reads() != 1 {
+		t.Fatalf("second look: connected control plane %v, management reads %d; want a live read", again.CP == connected, reads())
+	}
+}

@@ -49,7 +49,7 @@ type Prepared struct {
 // plane that already matches (and carries no record of ours) is prepared with
 // NothingToDo set.
 func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
-	s, err := e.Read(ctx)
+	s, err := e.ReadFirst(ctx)
 	if err != nil {
 		return nil, err
 	}

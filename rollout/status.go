@@ -106,7 +106,7 @@ type NextStatus struct {
 // lock, so it works while a rollout runs. The management cluster must answer;
 // what the workload cluster or etcd cannot tell is listed in Errors.
 func (e *Engine) Status(ctx context.Context) (*Status, error) {
-	cp, err := e.ControlPlane.Read(ctx)
+	cp, err := e.firstControlPlane(ctx)
 	if err != nil {
 		return nil, err
 	}

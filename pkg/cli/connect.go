@@ -209,7 +209,7 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 	if err != nil {
 		return nil, nil, exitcode.New(exitcode.Unsafe, err)
 	}
-	engine := &rollout.Engine{ControlPlane: cp, Workload: wl, Reporter: use.reporter, Timeouts: use.timeouts,
+	engine := &rollout.Engine{ControlPlane: cp, Workload: wl, Reporter: use.reporter, Timeouts: use.timeouts, Connected: state,
 		Requests: func() progress.Requests {
 			return progress.Requests{Management: counted.management.Load(), Workload: counted.workload.Load(), Etcd: counted.etcd.Load()}
 		}}

@@ -70,7 +70,7 @@ func (o *StatusOptions) etcdHealth(ctx context.Context, c fleet.Cluster) *fleet.
 		return &fleet.EtcdHealth{Error: err.Error()}
 	}
 	defer closeEngine()
-	s, err := engine.Read(ctx)
+	s, err := engine.ReadFirst(ctx)
 	if err != nil {
 		return &fleet.EtcdHealth{Error: err.Error()}
 	}

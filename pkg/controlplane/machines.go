@@ -32,9 +32,10 @@ const kcpManager = "capi-kubeadmcontrolplane"
 // cloneConfigsAndGenerateMachine does: the InfraMachine and the (join)
 // KubeadmConfig from KCP's desired state under the Machine's name, then the
 // Machine referencing both. If a later piece fails, the earlier ones are
-// deleted so no orphan is left behind.
+// deleted so no orphan is left behind. The InfraMachine is cloned from the
+// InfraMachineTemplate that cp's snapshot read, when cp is this Client's last.
 func (c *Client) CreateReplacement(ctx context.Context, cp *pkg.ControlPlane, failureDomain string) (*clusterv1.Machine, error) {
-	return c.CreateMachine(ctx, cp.KCP, cp.Cluster, failureDomain, true)
+	return c.createMachine(ctx, c.readsOf(cp), cp.KCP, cp.Cluster, failureDomain, true)
 }
 
 // CreateMachine is CreateReplacement for a control plane that may not exist
@@ -42,11 +43,16 @@ func (c *Client) CreateReplacement(ctx context.Context, cp *pkg.ControlPlane, fa
 // The simulator builds its initial machines with it, so that what a test
 // starts from is made by the same code as what the tool adds.
 func (c *Client) CreateMachine(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, cluster *clusterv1.Cluster, failureDomain string, isJoin bool) (*clusterv1.Machine, error) {
+	return c.createMachine(ctx, c.c, kcp, cluster, failureDomain, isJoin)
+}
+
+// createMachine is CreateMachine with the template read through templates.
+func (c *Client) createMachine(ctx context.Context, templates client.Client, kcp *controlplanev1.KubeadmControlPlane, cluster *clusterv1.Cluster, failureDomain string, isJoin bool) (*clusterv1.Machine, error) {
 	machine, err := desiredstate.ComputeDesiredMachine(kcp, cluster, failureDomain, nil)
 	if err != nil {
 		return nil, fmt.Errorf("computing the new machine: %w", err)
 	}
-	infra, err := desiredstate.ComputeDesiredInfraMachine(ctx, c.c, kcp, cluster, machine.Name, nil)
+	infra, err := desiredstate.ComputeDesiredInfraMachine(ctx, templates, kcp, cluster, machine.Name, nil)
 	if err != nil {
 		return nil, fmt.Errorf("computing the InfraMachine for %s: %w", machine.Name, err)
 	}

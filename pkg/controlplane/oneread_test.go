@@ -147,8 +147,8 @@ func TestSnapshotReadsEachObjectOnce(t *testing.T) {
 	}
 
 	// A Client's projection of the snapshot it read last (WithKCP, to the
-	// target version) and the kinds its watches cache (InfraKinds) come from
-	// that snapshot's reads; a snapshot that is not its last is read afresh.
+	// target version), the kinds its watches cache (InfraKinds) and the
+	// template a replacement is cloned from come from that snapshot's reads; a snapshot that is not its last is read afresh.
 	// Read takes the snapshot in two rounds of reads side by side: the
 	// Machines beside the Cluster (and then its KCP), then the InfraMachines,
 	// the KubeadmConfigs and the template together.
@@ -181,6 +181,13 @@ func TestSnapshotReadsEachObjectOnce(t *testing.T) {
 	}
 	if !reflect.DeepEqual(n, before) {
 		t.Errorf("WithKCP and InfraKinds on the last snapshot read again: requests %v, after Read %v", n, before)
+	}
+	// A replacement is cloned from the template the snapshot read.
+	if _, err := cpc.CreateReplacement(ctx, read, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := n["get GenericInfrastructureMachineTemplate tmpl"]; got != 1 {
+		t.Errorf("CreateReplacement on the last snapshot read its template again: %d reads of it, want the snapshot's one", got)
 	}
 	if _, err := cpc.WithKCP(ctx, want, target); err != nil {
 		t.Fatal(err)
