@@ -104,6 +104,7 @@ func Watch(ctx context.Context, mgmt *rest.Config, live client.Client, scope Sco
 		return nil, fmt.Errorf("watching the control plane: %w", err)
 	}
 	watched := map[schema.GroupVersionKind]string{}
+	var synced []cache.DoneChecker
 	for _, o := range objects {
 		gvk, err := apiutil.GVKForObject(o.obj, live.Scheme())
 		if err != nil {
@@ -117,6 +118,7 @@ func Watch(ctx context.Context, mgmt *rest.Config, live client.Client, scope Sco
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			return nil, err
 		}
+		synced = append(synced, inf.HasSyncedChecker())
 	}
 	w.client = &cachedClient{Client: live, cache: managed, watched: watched}
 
@@ -158,13 +160,16 @@ func Watch(ctx context.Context, mgmt *rest.Config, live client.Client, scope Sco
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			return nil, err
 		}
+		synced = append(synced, inf.HasSyncedChecker())
 		go inf.RunWithContext(ctx)
 	}
 	go func() { _ = managed.Start(ctx) }()
 
+	// WaitFor returns as the last list arrives; WaitForCacheSync would look
+	// every 100 ms.
 	syncCtx, cancel := context.WithTimeout(ctx, syncLimit)
 	defer cancel()
-	if !managed.WaitForCacheSync(syncCtx) || !cache.WaitForCacheSync(syncCtx.Done(), w.nodes.HasSynced, w.pods.HasSynced) {
+	if !cache.WaitFor(syncCtx, "", synced...) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
