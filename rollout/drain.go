@@ -17,8 +17,8 @@ const drainLimit = time.Minute
 // drain empties m's node just before m is deleted, as Cluster API's drain
 // would (see workload.Drain for why), unless Cluster API must decide how:
 // the machine opts out of draining or waits on a pre-drain hook, or the
-// cluster's namespace has MachineDrainRules. It reports whether the node was
-// cordoned, so a deletion that does not happen can give the node back.
+// cluster's namespace has MachineDrainRules. It reports whether it cordoned
+// the node, so a deletion that does not happen can give the node back.
 // Nothing it leaves undone fails the run: Cluster API's drain follows.
 func (e *Engine) drain(ctx context.Context, m *clusterv1.Machine) (cordoned bool, err error) {
 	node := nodeName(m)
@@ -35,7 +35,15 @@ func (e *Engine) drain(ctx context.Context, m *clusterv1.Machine) (cordoned bool
 	if err != nil {
 		return d.Cordoned, err
 	}
-	msg := fmt.Sprintf("node %s cordoned, %d pods evicted", node, len(d.Evicted))
+	var msg string
+	switch {
+	case d.Cordoned:
+		msg = fmt.Sprintf("node %s cordoned, %d pods evicted", node, len(d.Evicted))
+	case len(d.Evicted) == 0 && d.Left == "":
+		msg = fmt.Sprintf("node %s has no pods to evict; Cluster API's drain cordons it", node)
+	default:
+		msg = fmt.Sprintf("node %s: %d pods evicted", node, len(d.Evicted))
+	}
 	if d.Left != "" {
 		msg += "; left to Cluster API's drain: " + d.Left
 	}

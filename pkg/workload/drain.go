@@ -47,28 +47,44 @@ func (c *Client) Drain(ctx context.Context, node string, limit time.Duration) (D
 		// periods, pods that never go are skipped).
 		return Drained{Left: "node " + node + " is unreachable"}, nil
 	}
+	listed, err := c.evictablePods(ctx, node)
+	switch {
+	case err != nil:
+		return Drained{Left: err.Error()}, ctx.Err()
+	case len(listed) == 0:
+		// Nothing to evict: the node is left to Cluster API's drain, which
+		// cordons it and finds it empty. A cordon here would cost the deletion
+		// a second: the Machine controller reconciles a Machine when its Node
+		// changes, and a Machine at most once a second (Cluster API's
+		// ReconcilerRateLimiting), so a deletion right after a cordon waits
+		// out the reconcile the cordon caused.
+		return Drained{}, nil
+	}
+	var d Drained
 	if !n.Spec.Unschedulable {
 		patch := []byte(`{"spec":{"unschedulable":true}}`)
 		if _, err := c.Kube.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			return Drained{Left: "cordoning node " + node + ": " + err.Error()}, ctx.Err()
 		}
+		d.Cordoned = true
 	}
-	d := Drained{Cordoned: true}
 	var remaining []string
 	// The reads and evictions use ctx, not the poll's context: limit bounds
 	// the waiting, and a request under way when it passes is not cut short.
 	err = wait.PollUntilContextTimeout(ctx, drainPoll, limit, true, func(context.Context) (bool, error) {
-		pods, err := c.Kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-			FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String()})
-		if err != nil {
-			return false, fmt.Errorf("listing the pods of node %s: %w", node, err)
+		// The first round evicts what the list before the cordon found; the
+		// drain ends only on a list taken after it, which also finds a pod
+		// scheduled in between.
+		pods := listed
+		listed = nil
+		if pods == nil {
+			var err error
+			if pods, err = c.evictablePods(ctx, node); err != nil {
+				return false, err
+			}
 		}
 		remaining = remaining[:0]
-		for i := range pods.Items {
-			p := &pods.Items[i]
-			if !evictable(p) {
-				continue
-			}
+		for _, p := range pods {
 			remaining = append(remaining, p.Namespace+"/"+p.Name)
 			if p.DeletionTimestamp != nil {
 				continue // evicted already; waiting for it to end
@@ -94,7 +110,8 @@ func (c *Client) Drain(ctx context.Context, node string, limit time.Duration) (D
 
 // Drained is what Drain did.
 type Drained struct {
-	// Cordoned is true once the node is marked unschedulable.
+	// Cordoned is true when Drain marked the node unschedulable: a node
+	// with nothing to evict, or cordoned before, is left as it was.
 	Cordoned bool
 	// Evicted names the pods evicted, as namespace/name.
 	Evicted []string
@@ -116,6 +133,22 @@ func (c *Client) Uncordon(ctx context.Context, node string) error {
 
 // drainPoll is how often Drain looks whether the evicted pods have ended.
 const drainPoll = 200 * time.Millisecond
+
+// evictablePods lists the pods of node that Drain evicts.
+func (c *Client) evictablePods(ctx context.Context, node string) ([]*corev1.Pod, error) {
+	pods, err := c.Kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String()})
+	if err != nil {
+		return nil, fmt.Errorf("listing the pods of node %s: %w", node, err)
+	}
+	out := []*corev1.Pod{}
+	for i := range pods.Items {
+		if p := &pods.Items[i]; evictable(p) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
 
 // evictable is a pod that Cluster API's drain would evict and that no rule
 // of the user's orders: not a static pod's mirror, not run by a DaemonSet,

@@ -21,7 +21,8 @@ import (
 // cordoned; a ReplicaSet's pod is evicted and waited for until it is gone;
 // a DaemonSet's pod, a static pod's mirror, a pod labelled for Cluster API's
 // drain and a pod of another node are left alone; a pod that does not end
-// within the limit is named in Left; Uncordon gives the node back.
+// within the limit is named in Left; Uncordon gives the node back. A node
+// with nothing to evict is not cordoned: Cluster API's drain does that.
 func TestDrainEvictsWhatClusterAPIWould(t *testing.T) {
 	cfg := apiservertest.Start(t)
 	cfg.QPS, cfg.Burst = 50, 100 // as New sets them
@@ -30,7 +31,7 @@ func TestDrainEvictsWhatClusterAPIWould(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	for _, name := range []string{"cp-1", "cp-2"} {
+	for _, name := range []string{"cp-1", "cp-2", "cp-3"} {
 		n, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -61,6 +62,7 @@ func TestDrainEvictsWhatClusterAPIWould(t *testing.T) {
 	pod("etcd-cp-1", "cp-1", "", func(p *corev1.Pod) { p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "x"} })
 	pod("keep", "cp-1", "ReplicaSet", func(p *corev1.Pod) { p.Labels = map[string]string{clusterv1.PodDrainLabel: "skip"} })
 	pod("elsewhere", "cp-2", "ReplicaSet", nil)
+	pod("kube-proxy-3", "cp-3", "DaemonSet", nil)
 
 	// No kubelet here: stand in for one, ending each evicted pod a moment
 	// later, except "stuck", which never ends.
@@ -97,11 +99,18 @@ func TestDrainEvictsWhatClusterAPIWould(t *testing.T) {
 			names = append(names, p.Name)
 		}
 	}
-	if want := []string{"elsewhere", "etcd-cp-1", "keep", "kube-proxy"}; !slices.Equal(names, want) {
+	if want := []string{"elsewhere", "etcd-cp-1", "keep", "kube-proxy", "kube-proxy-3"}; !slices.Equal(names, want) {
 		t.Fatalf("pods left running: %v; want %v", names, want)
 	}
 	if n, _ := kube.CoreV1().Nodes().Get(ctx, "cp-2", metav1.GetOptions{}); n.Spec.Unschedulable {
 		t.Fatal("the other node was cordoned")
+	}
+	d, err = c.Drain(ctx, "cp-3", 3*time.Second)
+	if err != nil || d.Cordoned || len(d.Evicted) > 0 || d.Left != "" {
+		t.Fatalf("drain of a node with nothing to evict: %+v, %v; want nothing done", d, err)
+	}
+	if n, _ := kube.CoreV1().Nodes().Get(ctx, "cp-3", metav1.GetOptions{}); n.Spec.Unschedulable {
+		t.Fatal("cp-3, with nothing to evict, was cordoned")
 	}
 	if err := c.Uncordon(ctx, "cp-1"); err != nil {
 		t.Fatal(err)
