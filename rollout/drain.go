@@ -40,7 +40,7 @@ func (e *Engine) drain(ctx context.Context, m *clusterv1.Machine) (cordoned bool
 	case d.Cordoned:
 		msg = fmt.Sprintf("node %s cordoned, %d pods evicted", node, len(d.Evicted))
 	case len(d.Evicted) == 0 && d.Left == "":
-		msg = fmt.Sprintf("node %s has no pods to evict; Cluster API's drain cordons it", node)
+		msg = fmt.Sprintf("node %s has no pods to evict; left to Cluster API's drain", node)
 	default:
 		msg = fmt.Sprintf("node %s: %d pods evicted", node, len(d.Evicted))
 	}
