@@ -141,7 +141,7 @@ func (c *Client) evictablePods(ctx context.Context, node string) ([]*corev1.Pod,
 	if err != nil {
 		return nil, fmt.Errorf("listing the pods of node %s: %w", node, err)
 	}
-	out := []*corev1.Pod{}
+	var out []*corev1.Pod
 	for i := range pods.Items {
 		if p := &pods.Items[i]; evictable(p) {
 			out = append(out, p)
