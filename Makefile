@@ -22,6 +22,14 @@ GORELEASER     := $(CACHE_DIR)/tools/goreleaser-$(GORELEASER_VER)/goreleaser
 KREW_VER       := v0.4.4
 KREW_DIR       := $(CACHE_DIR)/tools/krew-$(KREW_VER)
 KREW           := $(KREW_DIR)/kubectl-krew
+# TEST_SUMMARY=1 (CI sets it) runs the tests under gotestsum, which prints the
+# same verbose output and then, at the end, the whole output of each failed
+# test: the lines that say why it failed, which go test -v leaves among the
+# interleaved output of the tests that ran beside it.
+GOTESTSUM_VER  := v1.13.0
+GOTESTSUM      := $(CACHE_DIR)/tools/gotestsum-$(GOTESTSUM_VER)/gotestsum
+TEST_SUMMARY   ?=
+GOTEST         := $(if $(TEST_SUMMARY),$(GOTESTSUM) --format standard-verbose --,$(GO) test)
 TEST_TIMEOUT   ?= 45m
 # Tests run in parallel this many at a time within a package (go test's
 # -parallel, GOMAXPROCS by default). Simulator scenarios mostly wait on
@@ -53,7 +61,7 @@ sim: build ## run the simulator in the foreground for your own experiments
 envtest:
 	@hack/envtest-binaries.sh >/dev/null
 
-test: lint envtest plugin ## every package's tests and the end-to-end scenarios but the long and fault suites
+test: lint envtest plugin $(if $(TEST_SUMMARY),$(GOTESTSUM)) ## every package's tests and the end-to-end scenarios but the long and fault suites
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-e2e test-packages PLUGIN_DIR=$(CURDIR)/bin
 
 # test/e2e takes longest by far. `go test ./...` would start it only after the
@@ -87,18 +95,18 @@ E2E_ALONE  := ^TestManagementAPIServerRestart$$
 # fourth boundary.
 KILL_MATRIX ?= part
 test-e2e:
-	$(TEST_ENV) $(GO) test $(TEST_FLAGS) -skip '$(FAULTS)|$(LONG)' ./test/e2e
+	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -skip '$(FAULTS)|$(LONG)' ./test/e2e
 test-packages:
-	$(TEST_ENV) $(GO) test $(TEST_FLAGS) -skip '$(SIM_LONG)' $$($(GO) list ./... | grep -v /test/e2e)
+	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -skip '$(SIM_LONG)' $$($(GO) list ./... | grep -v /test/e2e)
 
-test-long: envtest plugin ## the long suite: a ClusterClass cluster upgraded two minors with its workers, least privilege under the audit log, fleets of four clusters, simulators sharing a namespace
-	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) -run '$(LONG)' ./test/e2e
-	$(TEST_ENV) $(GO) test $(TEST_FLAGS) -run '$(SIM_LONG)' ./pkg/sim
+test-long: envtest plugin $(if $(TEST_SUMMARY),$(GOTESTSUM)) ## the long suite: a ClusterClass cluster upgraded two minors with its workers, least privilege under the audit log, fleets of four clusters, simulators sharing a namespace
+	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GOTEST) $(TEST_FLAGS) -run '$(LONG)' ./test/e2e
+	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -run '$(SIM_LONG)' ./pkg/sim
 
-test-faults: envtest plugin ## the fault suite: SIGKILL at step boundaries, stopped members, unreachable API servers, lost Leases
+test-faults: envtest plugin $(if $(TEST_SUMMARY),$(GOTESTSUM)) ## the fault suite: SIGKILL at step boundaries, stopped members, unreachable API servers, lost Leases
 	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(if $(filter full,$(KILL_MATRIX)),CP_ROLLOUT_FULL_KILL_MATRIX=1) \
-		$(GO) test $(TEST_FLAGS) $(if $(filter full,$(KILL_MATRIX)),-timeout 90m) -run '$(FAULTS)' -skip '$(E2E_ALONE)' ./test/e2e
-	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) -run '$(E2E_ALONE)' ./test/e2e
+		$(GOTEST) $(TEST_FLAGS) $(if $(filter full,$(KILL_MATRIX)),-timeout 90m) -run '$(FAULTS)' -skip '$(E2E_ALONE)' ./test/e2e
+	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GOTEST) $(TEST_FLAGS) -run '$(E2E_ALONE)' ./test/e2e
 
 bench: plugin bench-fleet bench-startup ## the tool against the real KCP on the simulator, 3 runs of 4 rollouts (about 50 minutes), bench-fleet and bench-startup; figures in bench/ and docs/performance.md
 	@mkdir -p bench
@@ -121,6 +129,12 @@ lint: ## gofmt and go vet
 
 # Tool builds print nothing unless they fail; a half-built tool is never left
 # under its final name, so an interrupted build is redone.
+$(GOTESTSUM):
+	@echo "installing gotestsum $(GOTESTSUM_VER) into $(dir $@) (once)"
+	@mkdir -p $(dir $@)
+	@GOBIN=$(dir $@) $(GO) install gotest.tools/gotestsum@$(GOTESTSUM_VER) >$(dir $@)install.log 2>&1 \
+		|| { cat $(dir $@)install.log; exit 1; }
+
 $(GORELEASER):
 	@echo "installing goreleaser $(GORELEASER_VER) into $(dir $@) (once)"
 	@mkdir -p $(dir $@)
