@@ -79,6 +79,11 @@ func (c *Client) createMachine(ctx context.Context, templates client.Client, kcp
 	machine.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
 		APIGroup: infra.GroupVersionKind().Group, Kind: infra.GetKind(), Name: infra.GetName(),
 	}
+	// Each piece gives up its claim right after its apply, as KCP's
+	// createInfraMachine and createKubeadmConfig do.
+	if err := c.dropLabelAndAnnotationOwnership(ctx, infra); err != nil {
+		return nil, cleanup(err)
+	}
 	if err := c.applyAsKCP(ctx, config); err != nil {
 		return nil, cleanup(fmt.Errorf("creating KubeadmConfig %s: %w", machine.Name, err))
 	}
@@ -86,10 +91,8 @@ func (c *Client) createMachine(ctx context.Context, templates client.Client, kcp
 	machine.Spec.Bootstrap.ConfigRef = clusterv1.ContractVersionedObjectReference{
 		APIGroup: config.GroupVersionKind().Group, Kind: "KubeadmConfig", Name: config.Name,
 	}
-	for _, obj := range created {
-		if err := c.dropLabelAndAnnotationOwnership(ctx, obj); err != nil {
-			return nil, cleanup(err)
-		}
+	if err := c.dropLabelAndAnnotationOwnership(ctx, config); err != nil {
+		return nil, cleanup(err)
 	}
 	if err := c.applyAsKCP(ctx, machine); err != nil {
 		// The apply may have gone through before its answer was lost (a
@@ -137,15 +140,23 @@ func (c *Client) applyAsKCP(ctx context.Context, obj client.Object) error {
 // so that KCP's metadata sync (a different field manager) can later take them
 // over without conflicts.
 func (c *Client) dropLabelAndAnnotationOwnership(ctx context.Context, obj client.Object) error {
-	// A provider or bootstrap controller may update the new object meanwhile;
-	// re-read and try again, as KCP does.
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error { return c.dropOwnershipOnce(ctx, obj) })
+	// The first try patches obj as the apply returned it, managed fields and
+	// resourceVersion included, as KCP's ssa.RemoveManagedFieldsForLabelsAndAnnotations
+	// does. A provider or bootstrap controller may update the new object
+	// meanwhile: then the patch conflicts, and each later try reads it again.
+	reread := false
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if reread {
+			if err := c.c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+				return fmt.Errorf("reading back %s: %w", obj.GetName(), err)
+			}
+		}
+		reread = true
+		return c.dropOwnershipOnce(ctx, obj)
+	})
 }
 
 func (c *Client) dropOwnershipOnce(ctx context.Context, obj client.Object) error {
-	if err := c.c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
-		return fmt.Errorf("reading back %s: %w", obj.GetName(), err)
-	}
 	base := obj.DeepCopyObject().(client.Object)
 	fields := obj.GetManagedFields()
 	changed := false

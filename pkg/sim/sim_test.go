@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
@@ -23,6 +24,7 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/test/builder"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
@@ -340,23 +342,31 @@ func TestCapacityHoldsBackSurgeMachine(t *testing.T) {
 	}
 
 	// As KCP does, the creating field manager keeps no claim on labels and
-	// annotations of the KubeadmConfig.
+	// annotations of the KubeadmConfig and the InfraMachine.
 	config := &bootstrapv1.KubeadmConfig{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: surge.Namespace, Name: surge.Spec.Bootstrap.ConfigRef.Name}, config); err != nil {
 		t.Fatal(err)
 	}
-	applied := false
-	for _, f := range config.ManagedFields {
-		if f.Manager != "capi-kubeadmcontrolplane" || f.FieldsV1 == nil {
-			continue
-		}
-		applied = true
-		if strings.Contains(string(f.FieldsV1.Raw), `"f:labels"`) {
-			t.Errorf("capi-kubeadmcontrolplane still owns labels: %s", f.FieldsV1.Raw)
-		}
+	infra := &unstructured.Unstructured{}
+	infra.SetAPIVersion(builder.InfrastructureGroupVersion.String())
+	infra.SetKind(surge.Spec.InfrastructureRef.Kind)
+	if err := c.Get(ctx, client.ObjectKey{Namespace: surge.Namespace, Name: surge.Spec.InfrastructureRef.Name}, infra); err != nil {
+		t.Fatal(err)
 	}
-	if !applied {
-		t.Error("KubeadmConfig was not applied by capi-kubeadmcontrolplane")
+	for _, obj := range []client.Object{config, infra} {
+		applied := false
+		for _, f := range obj.GetManagedFields() {
+			if f.Manager != "capi-kubeadmcontrolplane" || f.FieldsV1 == nil {
+				continue
+			}
+			applied = true
+			if raw := string(f.FieldsV1.Raw); strings.Contains(raw, `"f:labels"`) || strings.Contains(raw, `"f:annotations"`) {
+				t.Errorf("%s: capi-kubeadmcontrolplane still owns labels or annotations: %s", obj.GetName(), raw)
+			}
+		}
+		if !applied {
+			t.Errorf("%s was not applied by capi-kubeadmcontrolplane", obj.GetName())
+		}
 	}
 }
 
