@@ -3,6 +3,7 @@ package workload
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -11,8 +12,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/noderefutil"
@@ -21,8 +26,8 @@ import (
 // Drain empties a node before its Machine is deleted, so that Cluster API's
 // own drain finds nothing left to evict. That drain evicts, then looks again
 // only 20 seconds later (drainRetryInterval in the Machine controller), even
-// when the pods were gone in a moment; here each pod's end is seen within
-// drainPoll.
+// when the pods were gone in a moment; here each pod's end is seen as it
+// happens, through a watch.
 //
 // It is a head start, never a replacement: it evicts a strict subset of what
 // Cluster API's drain evicts, through the same Eviction API (so
@@ -68,34 +73,7 @@ func (c *Client) Drain(ctx context.Context, node string, limit time.Duration) (D
 		}
 		d.Cordoned = true
 	}
-	var remaining []string
-	// The reads and evictions use ctx, not the poll's context: limit bounds
-	// the waiting, and a request under way when it passes is not cut short.
-	err = wait.PollUntilContextTimeout(ctx, drainPoll, limit, true, func(context.Context) (bool, error) {
-		// The first round evicts what the list before the cordon found; the
-		// drain ends only on a list taken after it, which also finds a pod
-		// scheduled in between.
-		pods := listed
-		listed = nil
-		if pods == nil {
-			var err error
-			if pods, err = c.evictablePods(ctx, node); err != nil {
-				return false, err
-			}
-		}
-		remaining = remaining[:0]
-		for _, p := range pods {
-			remaining = append(remaining, p.Namespace+"/"+p.Name)
-			if p.DeletionTimestamp != nil {
-				continue // evicted already; waiting for it to end
-			}
-			if err := c.evict(ctx, p); err != nil {
-				return false, fmt.Errorf("evicting pod %s/%s: %w", p.Namespace, p.Name, err)
-			}
-			d.Evicted = append(d.Evicted, p.Namespace+"/"+p.Name)
-		}
-		return len(remaining) == 0, nil
-	})
+	remaining, err := c.evictUntilEmpty(ctx, node, limit, &d)
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:
@@ -106,6 +84,62 @@ func (c *Client) Drain(ctx context.Context, node string, limit time.Duration) (D
 		d.Left = err.Error()
 	}
 	return d, nil
+}
+
+// evictUntilEmpty follows the pods of the cordoned node with a list and a
+// watch, as kubectl's waits do (client-go's watchtools.UntilWithSync): each
+// evictable pod is evicted once, and the wait ends at the watch event that
+// leaves none, or after limit. The list is taken after the cordon, so it also
+// finds a pod scheduled before the cordon took. It returns the pods still on
+// the node, as namespace/name, and records each eviction in d.
+func (c *Client) evictUntilEmpty(ctx context.Context, node string, limit time.Duration, d *Drained) (remaining []string, err error) {
+	onNode := fields.OneTermEqualSelector("spec.nodeName", node).String()
+	pods := c.Watching.CoreV1().Pods(metav1.NamespaceAll)
+	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = onNode
+			return pods.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = onNode
+			return pods.Watch(ctx, o)
+		},
+	}, c.Watching)
+	evicted := map[types.UID]bool{}
+	var store cache.Store
+	// empty evicts what has not been evicted yet and reports whether the node
+	// holds no evictable pod. Evictions use ctx, not the wait's: limit bounds
+	// the waiting, and a request under way when it passes is not cut short.
+	empty := func() (bool, error) {
+		remaining = remaining[:0]
+		for _, obj := range store.List() {
+			p := obj.(*corev1.Pod)
+			if !evictable(p) {
+				continue
+			}
+			remaining = append(remaining, p.Namespace+"/"+p.Name)
+			if p.DeletionTimestamp != nil || evicted[p.UID] {
+				continue // evicted already; waiting for it to end
+			}
+			if err := c.evict(ctx, p); err != nil {
+				return false, fmt.Errorf("evicting pod %s/%s: %w", p.Namespace, p.Name, err)
+			}
+			evicted[p.UID] = true
+			d.Evicted = append(d.Evicted, p.Namespace+"/"+p.Name)
+		}
+		slices.Sort(remaining)
+		return len(remaining) == 0, nil
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	_, err = watchtools.UntilWithSync(waitCtx, lw, &corev1.Pod{},
+		func(s cache.Store) (bool, error) { store = s; return empty() },
+		func(watch.Event) (bool, error) { return empty() })
+	if err != nil && waitCtx.Err() != nil && ctx.Err() == nil {
+		// UntilWithSync reports the end of its context in more than one way.
+		err = wait.ErrorInterrupted(err)
+	}
+	return remaining, err
 }
 
 // Drained is what Drain did.
@@ -130,9 +164,6 @@ func (c *Client) Uncordon(ctx context.Context, node string) error {
 	}
 	return err
 }
-
-// drainPoll is how often Drain looks whether the evicted pods have ended.
-const drainPoll = 200 * time.Millisecond
 
 // evictablePods lists the pods of node that Drain evicts.
 func (c *Client) evictablePods(ctx context.Context, node string) ([]*corev1.Pod, error) {

@@ -10,24 +10,36 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"github.com/cp-rollout/cp-rollout/pkg/requests"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/apiservertest"
 )
 
 // TestDrainEvictsWhatClusterAPIWould, on a real API server: the node is
-// cordoned; a ReplicaSet's pod is evicted and waited for until it is gone;
+// cordoned; a ReplicaSet's pod is evicted and waited for until it is gone,
+// and so is one that lands on the node while the drain waits;
 // a DaemonSet's pod, a static pod's mirror, a pod labelled for Cluster API's
 // drain and a pod of another node are left alone; a pod that does not end
 // within the limit is named in Left; Uncordon gives the node back. A node
 // with nothing to evict is not cordoned: Cluster API's drain does that.
+// The wait follows the pods through a watch: its requests do not grow with
+// its length, as a poll's would.
 func TestDrainEvictsWhatClusterAPIWould(t *testing.T) {
 	cfg := apiservertest.Start(t)
 	cfg.QPS, cfg.Burst = 50, 100 // as New sets them
 	kube := kubernetes.NewForConfigOrDie(cfg)
-	c := &Client{Config: cfg, Kube: kube, Name: "default/demo"}
+	var sent requests.Counter
+	counted := rest.CopyConfig(cfg)
+	counted.Wrap(sent.Wrap)
+	c, err := newClient(counted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Name = "default/demo"
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -78,13 +90,32 @@ func TestDrainEvictsWhatClusterAPIWould(t *testing.T) {
 		}
 	}()
 
+	// A pod the scheduler placed just before the cordon took, seen by the
+	// drain only once it has begun to wait.
+	go func() {
+		time.Sleep(time.Second)
+		late := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: "late", OwnerReferences: []metav1.OwnerReference{
+				{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "o", UID: "u", Controller: ptr.To(true)}}},
+			Spec: corev1.PodSpec{NodeName: "cp-1", Containers: []corev1.Container{{Name: "c", Image: "c"}}},
+		}
+		if _, err := kube.CoreV1().Pods(late.Namespace).Create(ctx, late, metav1.CreateOptions{}); err != nil {
+			t.Error(err)
+		}
+	}()
 	d, err := c.Drain(ctx, "cp-1", 3*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	slices.Sort(d.Evicted)
-	if !d.Cordoned || !slices.Equal(d.Evicted, []string{"default/coredns", "default/stuck"}) {
-		t.Fatalf("drain: %+v; want cp-1 cordoned and coredns and stuck evicted", d)
+	if !d.Cordoned || !slices.Equal(d.Evicted, []string{"default/coredns", "default/late", "default/stuck"}) {
+		t.Fatalf("drain: %+v; want cp-1 cordoned and coredns, late and stuck evicted", d)
+	}
+	// The node, the pods before the cordon, the cordon, one watch of the
+	// node's pods and three evictions; a look every 200 ms would have made
+	// fifteen lists in the three seconds.
+	if n := sent.Load(); n > 8 {
+		t.Errorf("the drain made %d requests; want at most 8", n)
 	}
 	if !strings.Contains(d.Left, "still terminating") || !strings.Contains(d.Left, "default/stuck") || strings.Contains(d.Left, "coredns") {
 		t.Fatalf("left: %q; want only the pod that does not end named", d.Left)
