@@ -132,6 +132,10 @@ func benchTool(b *testing.B, sc benchScenario) toolRun {
 		}
 	}
 	run.FloorSeconds, run.ReactionMs = tl.against(b, evs)
+	reactions := slices.Sorted(slices.Values(run.ReactionMs))
+	b.Logf("floor %.1fs, overhead %.2fs per machine (hand-over %.2fs), requests per machine %.0f + %.0f, etcd %.0f, reaction p50 %.0f ms, max %.0f ms",
+		run.FloorSeconds, (run.Seconds-run.FloorSeconds)/float64(sc.Replicas), (run.Phases["pause"]+run.Phases["await-kcp"])/float64(sc.Replicas),
+		run.Requests["management"], run.Requests["workload"], run.Requests["etcd"], percentile(reactions, 50), percentile(reactions, 100))
 	return run
 }
 
@@ -394,7 +398,9 @@ func (r *scenarioResult) summarize() {
 		}
 	}
 	r.ToolSeconds, r.KCPSeconds = spreadOf(tool), spreadOf(r.KCP)
-	r.Ratio = r.ToolSeconds.Median / r.KCPSeconds.Median
+	if r.KCPSeconds.Median > 0 { // not when a -bench pattern ran the tool alone
+		r.Ratio = r.ToolSeconds.Median / r.KCPSeconds.Median
+	}
 	r.FloorSeconds, r.OverheadPerMachineSeconds = spreadOf(floor), spreadOf(overhead)
 	r.HandoverPerMachineSeconds = spreadOf(handover)
 	r.Phases, r.RequestsPerMachine = map[string]float64{}, map[string]float64{}
