@@ -3,6 +3,7 @@ package workload
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -12,12 +13,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/tools/cache"
-	watchtools "k8s.io/client-go/tools/watch"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/noderefutil"
@@ -86,60 +84,73 @@ func (c *Client) Drain(ctx context.Context, node string, limit time.Duration) (D
 	return d, nil
 }
 
-// evictUntilEmpty follows the pods of the cordoned node with a list and a
-// watch, as kubectl's waits do (client-go's watchtools.UntilWithSync): each
-// evictable pod is evicted once, and the wait ends at the watch event that
-// leaves none, or after limit. The list is taken after the cordon, so it also
-// finds a pod scheduled before the cordon took. It returns the pods still on
-// the node, as namespace/name, and records each eviction in d.
+// evictUntilEmpty lists the pods of the cordoned node, evicts each evictable
+// one once, and follows the rest through a watch from that list, as kubectl's
+// waits do, until none is left or limit passes. The list is taken after the
+// cordon, so it also finds a pod scheduled before the cordon took; the watch
+// finds one that lands later. It returns the pods still on the node, as
+// namespace/name, and records each eviction in d. A failed request ends it:
+// this drain is a head start, and Cluster API's drain does the rest.
 func (c *Client) evictUntilEmpty(ctx context.Context, node string, limit time.Duration, d *Drained) (remaining []string, err error) {
-	onNode := fields.OneTermEqualSelector("spec.nodeName", node).String()
-	pods := c.Watching.CoreV1().Pods(metav1.NamespaceAll)
-	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = onNode
-			return pods.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = onNode
-			return pods.Watch(ctx, o)
-		},
-	}, c.Watching)
-	evicted := map[types.UID]bool{}
-	var store cache.Store
-	// empty evicts what has not been evicted yet and reports whether the node
-	// holds no evictable pod. Evictions use ctx, not the wait's: limit bounds
-	// the waiting, and a request under way when it passes is not cut short.
-	empty := func() (bool, error) {
-		remaining = remaining[:0]
-		for _, obj := range store.List() {
-			p := obj.(*corev1.Pod)
-			if !evictable(p) {
-				continue
-			}
-			remaining = append(remaining, p.Namespace+"/"+p.Name)
-			if p.DeletionTimestamp != nil || evicted[p.UID] {
-				continue // evicted already; waiting for it to end
-			}
-			if err := c.evict(ctx, p); err != nil {
-				return false, fmt.Errorf("evicting pod %s/%s: %w", p.Namespace, p.Name, err)
-			}
-			evicted[p.UID] = true
-			d.Evicted = append(d.Evicted, p.Namespace+"/"+p.Name)
-		}
-		slices.Sort(remaining)
-		return len(remaining) == 0, nil
-	}
 	waitCtx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	_, err = watchtools.UntilWithSync(waitCtx, lw, &corev1.Pod{},
-		func(s cache.Store) (bool, error) { store = s; return empty() },
-		func(watch.Event) (bool, error) { return empty() })
-	if err != nil && waitCtx.Err() != nil && ctx.Err() == nil {
-		// UntilWithSync reports the end of its context in more than one way.
-		err = wait.ErrorInterrupted(err)
+	onNode := fields.OneTermEqualSelector("spec.nodeName", node).String()
+	pods := c.Watching.CoreV1().Pods(metav1.NamespaceAll)
+	list, err := pods.List(ctx, metav1.ListOptions{FieldSelector: onNode})
+	if err != nil {
+		return nil, fmt.Errorf("listing the pods of node %s: %w", node, err)
 	}
-	return remaining, err
+	w, err := pods.Watch(waitCtx, metav1.ListOptions{FieldSelector: onNode, ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		return nil, fmt.Errorf("watching the pods of node %s: %w", node, err)
+	}
+	defer w.Stop()
+
+	left := map[types.UID]string{}
+	evicted := map[types.UID]bool{}
+	// see takes in one pod as the list or the watch shows it. Evictions use
+	// ctx, not the wait's: limit bounds the waiting, and a request under
+	// way when it passes is not cut short.
+	see := func(p *corev1.Pod, gone bool) error {
+		if gone || !evictable(p) {
+			delete(left, p.UID)
+			return nil
+		}
+		left[p.UID] = p.Namespace + "/" + p.Name
+		if p.DeletionTimestamp != nil || evicted[p.UID] {
+			return nil // evicted already; waiting for it to end
+		}
+		if err := c.evict(ctx, p); err != nil {
+			return fmt.Errorf("evicting pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		evicted[p.UID] = true
+		d.Evicted = append(d.Evicted, p.Namespace+"/"+p.Name)
+		return nil
+	}
+	names := func() []string { return slices.Sorted(maps.Values(left)) }
+	for i := range list.Items {
+		if err := see(&list.Items[i], false); err != nil {
+			return names(), err
+		}
+	}
+	for len(left) > 0 {
+		select {
+		case <-waitCtx.Done():
+			return names(), wait.ErrorInterrupted(waitCtx.Err())
+		case ev, open := <-w.ResultChan():
+			switch p, ok := ev.Object.(*corev1.Pod); {
+			case !open:
+				return names(), fmt.Errorf("the watch of node %s's pods ended", node)
+			case ev.Type == watch.Error:
+				return names(), fmt.Errorf("watching the pods of node %s: %w", node, apierrors.FromObject(ev.Object))
+			case ok:
+				if err := see(p, ev.Type == watch.Deleted); err != nil {
+					return names(), err
+				}
+			}
+		}
+	}
+	return nil, nil
 }
 
 // Drained is what Drain did.

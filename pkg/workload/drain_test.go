@@ -111,8 +111,8 @@ func TestDrainEvictsWhatClusterAPIWould(t *testing.T) {
 	if !d.Cordoned || !slices.Equal(d.Evicted, []string{"default/coredns", "default/late", "default/stuck"}) {
 		t.Fatalf("drain: %+v; want cp-1 cordoned and coredns, late and stuck evicted", d)
 	}
-	// The node, the pods before the cordon, the cordon, one watch of the
-	// node's pods and three evictions; a look every 200 ms would have made
+	// The node, the cordon, the node's pods listed before it and after it, a
+	// watch of them and three evictions; a look every 200 ms would have made
 	// fifteen lists in the three seconds.
 	if n := sent.Load(); n > 8 {
 		t.Errorf("the drain made %d requests; want at most 8", n)
