@@ -227,6 +227,11 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 	case err != nil:
 		return nil, nil, exitcode.New(exitcode.Unsafe, err)
 	default:
+		// The first handshake with a member needs the client certificate,
+		// and an RSA key takes tens of milliseconds to generate: minting
+		// starts now, beside the rest of the setup, and a handshake that
+		// comes first waits for it.
+		go func() { _, _ = creds.ClientCertificate() }()
 		var dialer etcd.Dialer
 		if c.EtcdEndpoint != "" {
 			dialer, err = directDialer(c.EtcdEndpoint)
