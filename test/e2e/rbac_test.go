@@ -167,12 +167,13 @@ func TestLeastPrivilege(t *testing.T) {
 			"list machinedeployments.cluster.x-k8s.io": "upgrade --wait-workers (TestClusterClassUpgradeThroughTwoMinors)",
 			"get clusterclasses.cluster.x-k8s.io":      "a topology cluster's upgrade across minors (TestClusterClassUpgradeThroughTwoMinors)",
 		}, byTiming: map[string]string{
-			// A deleting Machine's KubeadmConfig goes a moment before the
-			// Machine does; a live read in that moment asks for it by name
-			// (controlplane oneRead). A new KubeadmConfig is read again only
-			// when another writer beat the tool's claim drop
+			// A deleting Machine's InfraMachine and KubeadmConfig go before
+			// the Machine does; a live read in that moment asks for them by
+			// name (controlplane oneRead). A new one is read again only when
+			// another writer beat the tool's claim drop
 			// (dropLabelAndAnnotationOwnership).
-			"get kubeadmconfigs.bootstrap.cluster.x-k8s.io": "a live read while a deleting Machine outlives its KubeadmConfig, or a claim drop that conflicts",
+			"get genericinfrastructuremachines.infrastructure.cluster.x-k8s.io": "a live read while a deleting Machine outlives its InfraMachine, or a claim drop that conflicts",
+			"get kubeadmconfigs.bootstrap.cluster.x-k8s.io":                     "a live read while a deleting Machine outlives its KubeadmConfig, or a claim drop that conflicts",
 		}},
 	} {
 		granted := grantedBy(c.role)
