@@ -279,8 +279,9 @@ func (w *Watches) Wait(ctx context.Context, max time.Duration) bool {
 // burst is how long a change waits for the ones that come with it. The
 // watches deliver one write's events within a few milliseconds of each other;
 // what the caller does next, a read of the caches, costs no round trip, and
-// every millisecond here is a millisecond of every reaction (30 ms cost a
-// 3-replica upgrade about 0.4 s).
+// every millisecond here is a millisecond of every reaction (with 30 ms, a
+// 3-replica upgrade reacted in 50 to 73 ms at the median; with 5, in 34 to
+// 55).
 const burst = 5 * time.Millisecond
 
 // cachedClient is the live client with reads of the watched kinds served
