@@ -279,9 +279,9 @@ func (w *Watches) Wait(ctx context.Context, max time.Duration) bool {
 // burst is how long a change waits for the ones that come with it. The
 // watches deliver one write's events within a few milliseconds of each other;
 // what the caller does next, a read of the caches, costs no round trip, and
-// every millisecond here is a millisecond of every reaction (with 30 ms, a
-// 3-replica upgrade reacted in 50 to 73 ms at the median; with 5, in 34 to
-// 55).
+// every millisecond here is a millisecond of every reaction (make bench on
+// one kind of machine: 55 to 74 ms at the median with 30 ms, 41 to 57 with
+// 5; see docs/performance.md).
 const burst = 5 * time.Millisecond
 
 // cachedClient is the live client with reads of the watched kinds served
