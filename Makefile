@@ -22,6 +22,9 @@ GORELEASER     := $(CACHE_DIR)/tools/goreleaser-$(GORELEASER_VER)/goreleaser
 KREW_VER       := v0.4.4
 KREW_DIR       := $(CACHE_DIR)/tools/krew-$(KREW_VER)
 KREW           := $(KREW_DIR)/kubectl-krew
+# The release's SBOM generator (goreleaser's sboms: section runs it).
+CYCLONEDX_VER  := v1.10.0
+CYCLONEDX      := $(CACHE_DIR)/tools/cyclonedx-gomod-$(CYCLONEDX_VER)/cyclonedx-gomod
 # TEST_SUMMARY=1 (CI sets it) runs the tests under gotestsum, which prints the
 # same verbose output and then, at the end, the whole output of each failed
 # test: the lines that say why it failed, which go test -v leaves among the
@@ -151,8 +154,14 @@ $(KREW):
 	@mv $(KREW_DIR).tmp/krew $(KREW_DIR).tmp/kubectl-krew
 	@rm -rf $(KREW_DIR) && mv $(KREW_DIR).tmp $(KREW_DIR)
 
-release-check: $(GORELEASER) $(KREW) ## snapshot release for this platform, krew manifest validated, installed by krew, run
-	@hack/release-check.sh $(GORELEASER) $(KREW_DIR)
+$(CYCLONEDX):
+	@echo "installing cyclonedx-gomod $(CYCLONEDX_VER) into $(dir $@) (once)"
+	@mkdir -p $(dir $@)
+	@GOBIN=$(dir $@) $(GO) install github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$(CYCLONEDX_VER) >$(dir $@)install.log 2>&1 \
+		|| { cat $(dir $@)install.log; exit 1; }
+
+release-check: $(GORELEASER) $(KREW) $(CYCLONEDX) ## snapshot release for this platform with its SBOM, krew manifest validated, installed by krew, run
+	@PATH=$(dir $(CYCLONEDX)):$$PATH hack/release-check.sh $(GORELEASER) $(KREW_DIR)
 
 clean:
 	rm -rf bin dist

@@ -2,7 +2,8 @@
 # release-check: prove that a release installs the way users install it.
 #
 #   1. goreleaser check, then a snapshot release for this machine's platform
-#      (the .goreleaser.yaml a tagged release uses, built for one target);
+#      (the .goreleaser.yaml a tagged release uses, built for one target),
+#      with a CycloneDX SBOM of the binary listed in checksums.txt;
 #   2. the krew manifest goreleaser generated from it passes krew's own
 #      validator and names this platform's archive with its sha256;
 #   3. the real krew installs it from the local archive into a throw-away
@@ -65,6 +66,14 @@ archive=dist/kubectl-cp_rollout_${os}_${arch}.${ext}
 manifest=dist/krew/cp-rollout.yaml
 [ -f "$archive" ] || fail "snapshot release made no $archive (dist/ holds: $(ls dist | tr '\n' ' '))"
 [ -f "$manifest" ] || fail "snapshot release made no krew manifest $manifest (is the krews: section of .goreleaser.yaml intact?)"
+
+# The binary's SBOM names the module and the Cluster API it was built with,
+# and checksums.txt covers it.
+sbom=dist/kubectl-cp_rollout_${os}_${arch}.cdx.json
+[ -f "$sbom" ] || fail "snapshot release made no SBOM $sbom (dist/ holds: $(ls dist | tr '\n' ' '))"
+grep -q '"bomFormat": *"CycloneDX"' "$sbom" || fail "$sbom is not a CycloneDX document"
+grep -q 'pkg:golang/sigs.k8s.io/cluster-api@v' "$sbom" || fail "$sbom does not list sigs.k8s.io/cluster-api"
+grep -q " $(basename "$sbom")\$" dist/checksums.txt || fail "dist/checksums.txt has no line for $(basename "$sbom")"
 
 # krew's validator: structure, plugin name = file name, semantic version,
 # platform selectors that match supported platforms and do not overlap.
