@@ -60,11 +60,13 @@ type ControlPlane interface {
 	DeleteOrphan(ctx context.Context, obj client.Object) error
 
 	// The hand-over: lock, pause with a record, target, hand back.
-	Acquire(ctx context.Context, holder string) (*controlplane.Lock, error)
+	// Acquire takes the Lease, watching a held one for expiry first (and
+	// telling waiting so).
+	Acquire(ctx context.Context, holder string, waiting func(*coordinationv1.Lease)) (*controlplane.Lock, error)
 	Lease(ctx context.Context) (*coordinationv1.Lease, error)
 	// LockedBy is the refusal a run meets while lease's live holder runs.
 	LockedBy(lease *coordinationv1.Lease) error
-	BreakLock(ctx context.Context, force bool) (string, error)
+	BreakLock(ctx context.Context, force bool, waiting func(*coordinationv1.Lease)) (string, error)
 	// Pause pauses kcp, as just read with its cluster, with rec.
 	Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record, timeout time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error)
 	// SetTarget sets the target where its owner reads it: the KCP, or a

@@ -3,6 +3,7 @@ package rollout
 import (
 	"context"
 	"fmt"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"strings"
 
 	"k8s.io/utils/ptr"
@@ -29,7 +30,13 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 		return nil, err
 	}
 	var done []string
-	holder, err := e.ControlPlane.BreakLock(ctx, force)
+	var st *step
+	holder, err := e.ControlPlane.BreakLock(ctx, force, func(l *coordinationv1.Lease) {
+		st = e.begin("await-lock", "", awaitingLock(l, "broken"))
+	})
+	if st != nil {
+		st.end(&err)
+	}
 	if err != nil {
 		return nil, err
 	}

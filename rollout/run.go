@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"time"
 
 	"github.com/blang/semver/v4"
@@ -163,6 +164,27 @@ func (e *Engine) lockedByAnotherRun(ctx context.Context) error {
 	return e.ControlPlane.LockedBy(lease)
 }
 
+// acquire takes the cluster's lock; a Lease another run holds is a step of
+// its own, await-lock, while the tool watches whether its holder still
+// renews it.
+func (e *Engine) acquire(ctx context.Context) (lock *controlplane.Lock, err error) {
+	var st *step
+	lock, err = e.ControlPlane.Acquire(ctx, controlplane.Who(), func(l *coordinationv1.Lease) {
+		st = e.begin("await-lock", "", awaitingLock(l, "taken over"))
+	})
+	if st != nil {
+		st.end(&err)
+	}
+	return lock, err
+}
+
+// awaitingLock says what watching a held Lease means, and what is done
+// with it if nobody renews it.
+func awaitingLock(l *coordinationv1.Lease, then string) string {
+	return fmt.Sprintf("the lock is held by %s: watching whether it is still renewed; if it goes %s without, it is %s",
+		controlplane.Holder(l), controlplane.LeaseDuration, then)
+}
+
 // cleanupTimeout bounds what a stopping run still does on its way out
 // (release the Lease, undo a pause it cannot keep): a Ctrl-C against an
 // unreachable API server must not hang until a second signal.
@@ -180,7 +202,7 @@ func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 // stops early the KCP stays paused with the record, so a re-run resumes and
 // status explains; the Lease is always released.
 func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
-	lock, err := e.ControlPlane.Acquire(ctx, controlplane.Who())
+	lock, err := e.acquire(ctx)
 	if err != nil {
 		return err
 	}

@@ -174,11 +174,15 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 	cfg.QPS, cfg.Burst = 50, 100
 	var counted struct{ management, workload, etcd requests.Counter }
 	cfg.Wrap(counted.management.Wrap)
+	// Outside the counter, so a write the fence stops is not counted.
+	fence := &controlplane.Fence{Namespace: c.Namespace, Lease: controlplane.LeaseName(c.Cluster)}
+	cfg.Wrap(fence.Wrap)
 	mgmt, err := client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
 	if err != nil {
 		return nil, nil, fmt.Errorf("management cluster: %w", err)
 	}
 	cp := controlplane.New(mgmt, c.Namespace, c.Cluster)
+	cp.Fence = fence
 	state, err := cp.Read(ctx)
 	if err != nil {
 		// A refused read is the first of the missing permissions: list them all.
@@ -205,7 +209,7 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 		}
 	}
 
-	wl, err := workload.New(ctx, mgmt, c.Namespace, c.Cluster, counted.workload.Wrap)
+	wl, err := workload.New(ctx, mgmt, c.Namespace, c.Cluster, counted.workload.Wrap, fence.Wrap)
 	if err != nil {
 		return nil, nil, exitcode.New(exitcode.Unsafe, err)
 	}
@@ -241,7 +245,7 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 		if err != nil {
 			return nil, nil, err
 		}
-		ec, err := etcd.New(etcd.Config{Dialer: dialer, Credentials: creds, DialOptions: counted.etcd.DialOptions()})
+		ec, err := etcd.New(etcd.Config{Dialer: dialer, Credentials: creds, DialOptions: append(counted.etcd.DialOptions(), fence.DialOptions()...)})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -6,6 +6,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/cp-rollout/cp-rollout/pkg/progress"
 )
 
 // HandbackOptions gives a control plane back to KCP.
@@ -71,7 +73,13 @@ func (o *HandbackOptions) Run(ctx context.Context) error {
 
 // handback hands one control plane back, printing each line after prefix.
 func (o *HandbackOptions) handback(ctx context.Context, prefix string) error {
-	engine, closeEngine, err := o.connect(ctx, noLoop)
+	// Progress on stderr: the wait to see whether a lock's holder still
+	// renews it takes up to its duration.
+	reporter := progress.New("", o.Streams.Out, o.Streams.ErrOut)
+	defer reporter.Stop()
+	use := noLoop
+	use.reporter = reporter
+	engine, closeEngine, err := o.connect(ctx, use)
 	if err != nil {
 		return err
 	}

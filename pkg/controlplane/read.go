@@ -56,6 +56,9 @@ type Client struct {
 	c         client.Client
 	Namespace string
 	Cluster   string
+	// Fence, when set, is armed with the lock Acquire takes, so every write
+	// through the clients it wraps needs that lock held.
+	Fence *Fence
 
 	// last is the latest snapshot Read returned and the objects it was built
 	// from, so WithKCP projects that snapshot onto the very same objects.

@@ -153,7 +153,13 @@ type Running struct {
 // `-o json`) and streams its events.
 func (e *Env) StartPlugin(t testing.TB, args ...string) *Running {
 	t.Helper()
-	cmd := e.Command(t, context.Background(), args...)
+	return StartCommand(t, e.Command(t, context.Background(), args...), args)
+}
+
+// StartCommand starts cmd, a command for `kubectl cp-rollout args...` (args should
+// ask for `-o json`), and streams its events.
+func StartCommand(t testing.TB, cmd *exec.Cmd, args []string) *Running {
+	t.Helper()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
