@@ -143,6 +143,9 @@ func (c *Client) evictUntilEmpty(ctx context.Context, node string, limit time.Du
 				return names(), fmt.Errorf("the watch of node %s's pods ended", node)
 			case ev.Type == watch.Error:
 				return names(), fmt.Errorf("watching the pods of node %s: %w", node, apierrors.FromObject(ev.Object))
+			case ev.Type == watch.Bookmark:
+				// A Pod that carries only a resourceVersion, which an API
+				// server may send though the watch did not ask: no pod.
 			case ok:
 				if err := see(p, ev.Type == watch.Deleted); err != nil {
 					return names(), err

@@ -9,7 +9,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
@@ -149,4 +151,81 @@ func TestDrainEvictsWhatClusterAPIWould(t *testing.T) {
 	if n, _ := kube.CoreV1().Nodes().Get(ctx, "cp-1", metav1.GetOptions{}); n.Spec.Unschedulable {
 		t.Fatal("Uncordon left cp-1 unschedulable")
 	}
+}
+
+// TestDrainIgnoresBookmarks: a watch BOOKMARK (a Pod with only a
+// resourceVersion), sent though the drain did not ask for one, is not taken
+// for a pod to evict and wait for: the drain ends when the real pod is gone.
+func TestDrainIgnoresBookmarks(t *testing.T) {
+	cfg := apiservertest.Start(t)
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	c, err := newClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Watching = bookmarking{c.Watching}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-1"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: "coredns", OwnerReferences: []metav1.OwnerReference{
+			{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "o", UID: "u", Controller: ptr.To(true)}}},
+		Spec: corev1.PodSpec{NodeName: "cp-1", Containers: []corev1.Container{{Name: "c", Image: "c"}}},
+	}
+	if _, err := kube.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	go func() { // the kubelet ends the evicted pod
+		for ctx.Err() == nil {
+			if got, err := kube.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{}); err == nil && got.DeletionTimestamp != nil {
+				_ = kube.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	d, err := c.Drain(ctx, "cp-1", 5*time.Second)
+	if err != nil || d.Left != "" || !slices.Equal(d.Evicted, []string{"default/coredns"}) {
+		t.Fatalf("drain: %+v, %v; want coredns evicted and nothing left", d, err)
+	}
+}
+
+// bookmarking is a workload clientset whose pod watches start with a
+// BOOKMARK event, as an API server may send one unasked.
+type bookmarking struct{ Kube }
+
+func (b bookmarking) CoreV1() corev1client.CoreV1Interface { return bookmarkingCore{b.Kube.CoreV1()} }
+
+type bookmarkingCore struct{ corev1client.CoreV1Interface }
+
+func (b bookmarkingCore) Pods(namespace string) corev1client.PodInterface {
+	return bookmarkingPods{b.CoreV1Interface.Pods(namespace)}
+}
+
+type bookmarkingPods struct{ corev1client.PodInterface }
+
+func (b bookmarkingPods) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	w, err := b.PodInterface.Watch(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	events := make(chan watch.Event)
+	go func() {
+		defer close(events)
+		bookmark := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{ResourceVersion: opts.ResourceVersion}}
+		select {
+		case events <- watch.Event{Type: watch.Bookmark, Object: bookmark}:
+		case <-ctx.Done():
+			return
+		}
+		for ev := range w.ResultChan() {
+			select {
+			case events <- ev:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return watch.NewProxyWatcher(events), nil
 }
