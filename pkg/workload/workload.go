@@ -24,7 +24,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/cluster-api/controllers/noderefutil"
-	"sigs.k8s.io/cluster-api/controllers/remote"
 )
 
 // Components are the static pods kubeadm runs on every control-plane node, named
@@ -47,11 +46,13 @@ type Client struct {
 }
 
 // New connects to the workload cluster of namespace/cluster through its
-// kubeconfig Secret on the management cluster.
+// kubeconfig Secret on the management cluster. A kubeconfig there that holds
+// anything but embedded credentials is refused (exit code Unsafe) before any
+// client is built: see restConfigFromSecret.
 func New(ctx context.Context, mgmt client.Reader, namespace, cluster string, wrap ...transport.WrapperFunc) (*Client, error) {
-	cfg, err := remote.RESTConfig(ctx, "cp-rollout", mgmt, client.ObjectKey{Namespace: namespace, Name: cluster})
+	cfg, err := restConfigFromSecret(ctx, mgmt, client.ObjectKey{Namespace: namespace, Name: cluster})
 	if err != nil {
-		return nil, fmt.Errorf("workload cluster %s/%s: reading its kubeconfig Secret: %w", namespace, cluster, err)
+		return nil, err
 	}
 	for _, w := range wrap {
 		cfg.Wrap(w)
