@@ -3,9 +3,9 @@ package rollout
 import (
 	"context"
 	"fmt"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	"strings"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/utils/ptr"
 
 	"sigs.k8s.io/cluster-api/util/collections"
@@ -14,9 +14,10 @@ import (
 )
 
 // Handback ends this tool's ownership of the control plane: it removes a stale
-// lock (a live one only with force), then the pause and the operation record,
-// and returns what KCP will do now that it is in charge. A pause without our
-// record is someone else's and is refused, never removed.
+// lock (a live one only with force), then, holding the lock itself, the pause
+// and the operation record, and returns what KCP will do now that it is in
+// charge. A pause without our record is someone else's and is refused, never
+// removed.
 func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 	cp, err := e.ControlPlane.Read(ctx)
 	if err != nil {
@@ -43,12 +44,33 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 	if holder != "" {
 		done = append(done, "released the lock held by "+holder)
 	}
+	nothing := "KubeadmControlPlane " + cp.KCP.Name + " carries no operation of this tool: nothing to hand back"
 	if rec == nil {
-		done = append(done, "KubeadmControlPlane "+cp.KCP.Name+" carries no operation of this tool: nothing to hand back")
-		return done, nil
+		return append(done, nothing), nil
 	}
-	if err := e.ControlPlane.Resume(ctx, cp.KCP); err != nil {
+	// The unpause is made under the lock, on a fresh read: a run that took
+	// the cluster since the read above (the lock was free, or just broken)
+	// is refused here instead of being unpaused under its feet, and a run
+	// that starts now waits for this one.
+	var handedBack bool
+	err = e.holding(ctx, func(ctx context.Context) error {
+		if cp, err = e.ControlPlane.Read(ctx); err != nil {
+			return err
+		}
+		if rec, err = controlplane.RecordOf(cp.KCP); err != nil || rec == nil {
+			return err
+		}
+		if err := PausedBySomeoneElse(NewSnapshot(cp)); err != nil {
+			return err
+		}
+		handedBack = true
+		return e.ControlPlane.Resume(ctx, cp.KCP)
+	})
+	if err != nil {
 		return nil, err
+	}
+	if !handedBack {
+		return append(done, nothing), nil // another run finished it meanwhile
 	}
 	done = append(done, fmt.Sprintf("unpaused KubeadmControlPlane %s and removed the record of %s", cp.KCP.Name, rec))
 

@@ -201,7 +201,24 @@ func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 // hand back — remove the pause and record — and release the Lease. If the run
 // stops early the KCP stays paused with the record, so a re-run resumes and
 // status explains; the Lease is always released.
-func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
+func (e *Engine) Run(ctx context.Context, p *Prepared) error {
+	return e.holding(ctx, func(ctx context.Context) error {
+		e.steps.total = p.Steps
+		for i := p.FirstHop; i < len(p.Hops); i++ {
+			if err := e.runHop(ctx, p, i); err != nil {
+				return err
+			}
+		}
+		e.summarize()
+		return nil
+	})
+}
+
+// holding does work under the cluster's lock: it takes the Lease (watching
+// one someone holds first), renews it while work runs, and releases it
+// afterwards, whatever happened. Losing the lock cancels work's context with
+// the loss as its cause, and the loss is then the error.
+func (e *Engine) holding(ctx context.Context, work func(context.Context) error) (err error) {
 	lock, err := e.acquire(ctx)
 	if err != nil {
 		return err
@@ -227,15 +244,7 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) (err error) {
 		}
 	}()
 	e.Lock = lock
-	e.steps.total = p.Steps
-
-	for i := p.FirstHop; i < len(p.Hops); i++ {
-		if err := e.runHop(runCtx, p, i); err != nil {
-			return err
-		}
-	}
-	e.summarize()
-	return nil
+	return work(runCtx)
 }
 
 // defaultWorkersWait bounds, between the hops of a topology cluster's
