@@ -43,7 +43,7 @@ func canAsk(streams genericiooptions.IOStreams) bool {
 }
 
 func (c *confirmation) addYesFlag(f *pflag.FlagSet) {
-	f.BoolVar(&c.Yes, "yes", false, "Act on the selected clusters without asking: needed, when stdin is not a terminal, for -A without -l and for handing back more than one cluster")
+	f.BoolVar(&c.Yes, "yes", false, "Go ahead without asking where a confirmation is needed (-A without -l; a handback of more than one cluster); without it, only a terminal can confirm")
 }
 
 // everyCluster is -A without -l: every Cluster of the management cluster.
