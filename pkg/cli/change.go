@@ -21,15 +21,17 @@ import (
 type changeOptions struct {
 	requestOptions
 	waitLimits
-	DryRun bool
-	Limits fleetLimits // with -l/-A
+	DryRun       bool
+	Limits       fleetLimits // with -l/-A
+	confirmation             // -A without -l: upgrade and scale add --yes
 	// inFleet marks one cluster's run of a fleet, whose stop is told once
 	// for all.
 	inFleet bool
 }
 
 func newChangeOptions(streams genericiooptions.IOStreams, operation string) changeOptions {
-	return changeOptions{requestOptions: newRequestOptions(streams, operation), waitLimits: newWaitLimits()}
+	return changeOptions{requestOptions: newRequestOptions(streams, operation), waitLimits: newWaitLimits(),
+		confirmation: newConfirmation(streams)}
 }
 
 func (o *changeOptions) addFlags(cmd *cobra.Command) {
@@ -62,9 +64,12 @@ func (o *changeOptions) validate() error {
 		return err
 	}
 	if o.DryRun {
-		return nil // a plan does not look at the KCP controller
+		return nil // a plan neither looks at the KCP controller nor changes anything to confirm
 	}
-	return o.validateKCPVersion()
+	if err := o.validateKCPVersion(); err != nil {
+		return err
+	}
+	return o.validateEveryCluster(o.Request.Operation, &o.selection)
 }
 
 // Run performs the request, or with --dry-run prints its plan, on the named

@@ -38,10 +38,65 @@ func envName(flag string) string {
 	return envPrefix + "_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
+// configurable lists the only flags that the environment and the config file
+// may set: how to reach the management cluster, how output looks, and how long
+// waits may take. They are a person's or a site's settings, the same whatever
+// is being rolled. Every other flag says what is acted on or how (--version,
+// --replicas, -A, -l, --force, --yes, --parallel, --dry-run, --max-surge …):
+// those must be on the command line a person typed or a runbook wrote, where
+// they are read before the command runs. A stray CP_ROLLOUT_VERSION in a
+// shell, or "all-namespaces: true" left in a file, would otherwise start an
+// upgrade that the command line does not ask for, or widen one to every
+// cluster. A flag added later is refused here until it is listed.
+var configurable = map[string]bool{
+	// kubectl's connection flags (kubeconfigFlags).
+	"kubeconfig": true, "context": true, "cluster": true, "user": true, "namespace": true,
+	"server": true, "tls-server-name": true, "certificate-authority": true, "client-certificate": true,
+	"client-key": true, "token": true, "username": true, "password": true, "insecure-skip-tls-verify": true,
+	"as": true, "as-group": true, "as-uid": true, "disable-compression": true, "request-timeout": true,
+	// How etcd is reached is a property of the site's network, like the
+	// server's address.
+	"etcd-endpoint": true,
+	// Display: the format of the output, and whether status shows etcd.
+	"output": true, "etcd": true,
+	// Wait limits: how slow this site's infrastructure may be. They bound
+	// how long the tool waits, never what it changes.
+	"timeout": true, "provision-timeout": true, "health-timeout": true, "delete-timeout": true,
+	"settle": true, "handback-timeout": true, "no-wait": true, "workers-timeout": true,
+}
+
+// notConfigurable explains a refused key or variable; flag is its name.
+func notConfigurable(flag string) string {
+	return fmt.Sprintf("what to act on and how is given only on the command line (pass --%s there); "+
+		"the config file and environment may set only connection, display and wait settings", flag)
+}
+
+// checkEnvironment refuses a variable, among those naming a flag of the
+// command tree, that sets a flag outside configurable. An empty variable sets
+// nothing (viper ignores it too), so it is no reason to refuse.
+func checkEnvironment(known map[string]bool) error {
+	names := make([]string, 0, len(known))
+	for name := range known {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if value := os.Getenv(envName(name)); value != "" && !configurable[name] {
+			return exitcode.Usagef("environment variable %s=%s is not allowed: %s", envName(name), value, notConfigurable(name))
+		}
+	}
+	return nil
+}
+
 // applyConfig fills every flag the user did not give on the command line, first
 // from the environment and then from the configuration file, so precedence is
-// flag > environment > file. Keys in the file are flag names.
+// flag > environment > file. Keys in the file are flag names, and only those
+// in configurable; any other, in either place, is refused before a flag is set.
 func applyConfig(cmd *cobra.Command, file string) error {
+	known := knownFlags(cmd.Root())
+	if err := checkEnvironment(known); err != nil {
+		return err
+	}
 	explicit := cmd.Flags().Changed(configFlag)
 	if !explicit {
 		if env, ok := os.LookupEnv(envName(configFlag)); ok {
@@ -63,7 +118,7 @@ func applyConfig(cmd *cobra.Command, file string) error {
 		case err != nil:
 			return exitcode.Usagef("config file %s: %v", file, errors.Unwrap(err))
 		default:
-			if err := checkConfigKeys(file, raw, knownFlags(cmd.Root())); err != nil {
+			if err := checkConfigKeys(file, raw, known); err != nil {
 				return err
 			}
 			v.SetConfigType("yaml")
@@ -76,7 +131,7 @@ func applyConfig(cmd *cobra.Command, file string) error {
 
 	var setErr error
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if setErr != nil || f.Changed || f.Name == configFlag || f.Name == "help" || !v.IsSet(f.Name) {
+		if setErr != nil || f.Changed || !configurable[f.Name] || !v.IsSet(f.Name) {
 			return
 		}
 		source := "config file " + file
@@ -125,8 +180,9 @@ func knownFlags(root *cobra.Command) map[string]bool {
 	return known
 }
 
-// checkConfigKeys rejects a file that is not a flat mapping of known flag names,
-// naming the line, so a typo such as "namspace:" is not silently ignored.
+// checkConfigKeys rejects a file that is not a flat mapping of configurable
+// flag names, naming the line, so a typo such as "namspace:" is not silently
+// ignored and a key such as "version:" is not silently obeyed.
 // yaml.v3 is used directly because viper discards line numbers.
 func checkConfigKeys(file string, raw []byte, known map[string]bool) error {
 	var doc yaml.Node
@@ -145,6 +201,9 @@ func checkConfigKeys(file string, raw []byte, known map[string]bool) error {
 		if !known[key.Value] {
 			return exitcode.Usagef("config file %s: line %d: unknown key %q (keys are flag names, such as %s)",
 				file, key.Line, key.Value, strings.Join(exampleKeys(known), ", "))
+		}
+		if !configurable[key.Value] {
+			return exitcode.Usagef("config file %s: line %d: key %q is not allowed: %s", file, key.Line, key.Value, notConfigurable(key.Value))
 		}
 		if val := top.Content[i+1]; val.Kind == yaml.MappingNode {
 			return exitcode.Usagef("config file %s: line %d: %q takes a value or a list, not a mapping", file, val.Line, key.Value)

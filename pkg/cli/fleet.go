@@ -223,6 +223,12 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if o.everyCluster() {
+		what := o.Request.Operation + " to " + o.Request.TargetString()
+		if err := o.confirm(ctx, o.Streams, what, clusters); err != nil {
+			return err
+		}
+	}
 	board := progress.NewFleet(o.Output, o.Streams.Out, o.Streams.ErrOut)
 	counters := map[fleet.Cluster]*machineCounter{}
 	for _, c := range clusters {
@@ -356,16 +362,13 @@ func firstLine(s string) string {
 	return line
 }
 
-// inTurn runs do for each selected cluster, one after another, with the
-// connection to that cluster: plan and handback over a fleet, which are
-// quick and print as they go. Skipped clusters are noted on errOut, and so
-// is each failure; one does not stop the others. The error counts the
-// failed clusters and carries the worst exit code.
-func (c *connection) inTurn(ctx context.Context, errOut io.Writer, do func(one connection) error) error {
-	clusters, skipped, err := c.selectClusters(ctx)
-	if err != nil {
-		return err
-	}
+// inTurn runs do for each of the clusters that selectClusters chose, one
+// after another, with the connection to that cluster: plan and handback over
+// a fleet, which are quick and print as they go. The caller selects them, so
+// that it can have them confirmed first. Skipped clusters are noted on
+// errOut, and so is each failure; one does not stop the others. The error
+// counts the failed clusters and carries the worst exit code.
+func (c *connection) inTurn(ctx context.Context, errOut io.Writer, clusters []fleet.Cluster, skipped []fleet.Skipped, do func(one connection) error) error {
 	for _, s := range skipped {
 		fmt.Fprintf(errOut, "%s skipped: %s\n", s.Cluster, s.Reason)
 	}

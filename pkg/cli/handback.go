@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
+	"github.com/cp-rollout/cp-rollout/pkg/fleet"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
 )
 
@@ -14,13 +15,15 @@ import (
 type HandbackOptions struct {
 	connection
 	// Force releases a lock that its holder still renews.
-	Force   bool
+	Force bool
+	// Handing back more than one cluster, or with -A alone, is confirmed.
+	confirmation
 	Streams genericiooptions.IOStreams
 }
 
 // NewHandbackOptions returns the handback verb's defaults.
 func NewHandbackOptions(streams genericiooptions.IOStreams) *HandbackOptions {
-	return &HandbackOptions{Streams: streams}
+	return &HandbackOptions{Streams: streams, confirmation: newConfirmation(streams)}
 }
 
 // NewCmdHandback returns the handback verb. runF, when set, replaces Run, so
@@ -36,7 +39,8 @@ run is gone, remove the pause and the operation record this tool set on the
 KubeadmControlPlane, and say what KCP will now do by itself. A pause that
 carries no record of this tool is someone else's and is never removed. A lock
 that a live run still renews is only released with --force. With -l/-A, each
-matching cluster is handed back in turn.`,
+matching cluster is handed back in turn, once the list of them is confirmed
+(--yes, or an answer at the terminal) when it holds more than one.`,
 		Example: `  kubectl cp-rollout handback prod-eu1`,
 		Args:    clusterOrSelection,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -45,6 +49,7 @@ matching cluster is handed back in turn.`,
 	}
 	o.addSelectionFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&o.Force, "force", false, "Release the lock even while its holder renews it (only when you know that run is gone)")
+	o.addYesFlag(cmd.Flags())
 	return cmd
 }
 
@@ -54,8 +59,14 @@ func (o *HandbackOptions) Complete(_ *cobra.Command, args []string) error {
 	return nil
 }
 
-// Validate checks that a cluster or a selection was given.
-func (o *HandbackOptions) Validate() error { return o.validateSelection("handback") }
+// Validate checks that a cluster or a selection was given, and that -A alone
+// is confirmed or can be.
+func (o *HandbackOptions) Validate() error {
+	if err := o.validateSelection("handback"); err != nil {
+		return err
+	}
+	return o.validateEveryCluster("handback", &o.selection)
+}
 
 // Run hands the named control plane back, or each selected one in turn, and
 // prints what it did to stdout; over several clusters each line names its
@@ -64,11 +75,28 @@ func (o *HandbackOptions) Run(ctx context.Context) error {
 	if !o.fleet() {
 		return o.handback(ctx, "")
 	}
-	return o.inTurn(ctx, o.Streams.ErrOut, func(one connection) error {
+	clusters, skipped, err := o.selectClusters(ctx)
+	if err != nil {
+		return err
+	}
+	if err := o.confirmHandback(ctx, clusters); err != nil {
+		return err
+	}
+	return o.inTurn(ctx, o.Streams.ErrOut, clusters, skipped, func(one connection) error {
 		opts := *o
 		opts.connection = one
 		return opts.handback(ctx, one.Namespace+"/"+one.Cluster+": ")
 	})
+}
+
+// confirmHandback asks before handing back more than one cluster, or every
+// cluster: each goes back to KCP where it stands, and KCP then finishes any
+// rollout left there in its own way, not one machine at a time as this tool.
+func (o *HandbackOptions) confirmHandback(ctx context.Context, clusters []fleet.Cluster) error {
+	if len(clusters) < 2 && !o.everyCluster() {
+		return nil
+	}
+	return o.confirm(ctx, o.Streams, "handback", clusters)
 }
 
 // handback hands one control plane back, printing each line after prefix.

@@ -133,9 +133,11 @@ func TestUpgradeOptions(t *testing.T) {
 			want: func(v *resolved) { v.Namespace = "capi" }},
 		{name: "no wait after the hand-back", args: []string{"demo", "--version", "v1.36.3", "--no-wait"},
 			want: func(v *resolved) { v.Timeouts.Handback = 0 }},
-		{name: "environment", args: []string{"demo"},
-			env:  map[string]string{"CP_ROLLOUT_VERSION": "v1.36.3", "CP_ROLLOUT_MAX_SURGE": "0", "CP_ROLLOUT_NAMESPACE": "capi"},
-			want: func(v *resolved) { v.MaxSurge, v.Namespace = 0, "capi" }},
+		{name: "environment", args: []string{"demo", "--version", "v1.36.3"},
+			env:  map[string]string{"CP_ROLLOUT_HEALTH_TIMEOUT": "1m", "CP_ROLLOUT_OUTPUT": "json", "CP_ROLLOUT_NAMESPACE": "capi"},
+			want: func(v *resolved) { v.Timeouts.Health, v.Output, v.Namespace = time.Minute, "json", "capi" }},
+		// An empty variable sets nothing, so it is no reason to refuse.
+		{name: "empty variable", args: []string{"demo", "--version", "v1.36.3"}, env: map[string]string{"CP_ROLLOUT_VERSION": ""}},
 		{name: "config file", args: []string{"demo", "--version", "v1.36.3"},
 			config: "health-timeout: 1m\nsettle: 30s\noutput: json\n",
 			want: func(v *resolved) {
@@ -163,8 +165,6 @@ func TestScaleOptions(t *testing.T) {
 		// Whether 2 is allowed depends on the cluster's etcd.
 		{name: "even count left to the cluster", args: []string{"demo", "--replicas", "2", "--max-surge", "0"},
 			want: func(v *resolved) { v.Replicas, v.MaxSurge = "2", 0 }},
-		{name: "replicas from environment", args: []string{"demo"}, env: map[string]string{"CP_ROLLOUT_REPLICAS": "3"}},
-		{name: "replicas from config file", args: []string{"demo"}, config: "replicas: 3\n"},
 	})
 }
 
@@ -174,8 +174,9 @@ func TestReplaceOptions(t *testing.T) {
 	checkOptions(t, "replace", NewCmdReplace, func(r result, o *ReplaceOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
 		{name: "machine", args: []string{"demo", "demo-cp-x2k9"}},
 		{name: "every flag", args: append([]string{"demo", "demo-cp-x2k9"}, allRunFlags...), want: withAllRunFlags},
-		{name: "namespace and surge from config file", args: []string{"demo", "demo-cp-x2k9"}, config: "namespace: capi\nmax-surge: 1\n",
-			want: func(v *resolved) { v.Namespace, v.MaxSurge = "capi", 1 }},
+		{name: "namespace and etcd endpoint from config file", args: []string{"demo", "demo-cp-x2k9"},
+			config: "namespace: capi\netcd-endpoint: https://{{.NodeIP}}:2379\n",
+			want:   func(v *resolved) { v.Namespace, v.EtcdEndpoint = "capi", "https://{{.NodeIP}}:2379" }},
 	})
 }
 
@@ -202,8 +203,6 @@ func TestPlanOptions(t *testing.T) {
 				v.MaxSurge, v.Output = 0, "json"
 				v.EtcdEndpoint, v.KCPVersion = "https://{{.NodeIP}}:2379", "v1.14.2"
 			}},
-		{name: "target from config file", args: []string{"demo"}, config: "replicas: 3\n",
-			want: func(v *resolved) { v.Operation, v.Version, v.Replicas = "scale", "", "3" }},
 	})
 }
 

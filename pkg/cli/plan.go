@@ -71,8 +71,12 @@ func (o *requestOptions) printPlans(ctx context.Context) (pending bool, err erro
 	if !o.fleet() {
 		return o.printPlan(ctx)
 	}
+	clusters, skipped, err := o.selectClusters(ctx)
+	if err != nil {
+		return false, err
+	}
 	first := true
-	err = o.inTurn(ctx, o.Streams.ErrOut, func(one connection) error {
+	err = o.inTurn(ctx, o.Streams.ErrOut, clusters, skipped, func(one connection) error {
 		if o.Output != "json" {
 			if !first {
 				fmt.Fprintln(o.Streams.Out)

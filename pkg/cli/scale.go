@@ -39,6 +39,7 @@ be odd. With -l/-A, every matching cluster is scaled, as upgrade does.`,
 		},
 	}
 	o.addFlags(cmd)
+	o.addYesFlag(cmd.Flags())
 	cmd.Flags().Int32Var(&o.replicas, "replicas", o.replicas, "The number of control-plane machines wanted (required; odd with stacked etcd)")
 	return cmd
 }

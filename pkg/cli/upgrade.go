@@ -57,7 +57,8 @@ its own lock, pause and hand-back, one machine at a time. Once more than
 --max-failures clusters have failed no new one starts; those in flight
 finish. A table at the end says how each ended; the exit code is the worst
 cluster's. Re-running the same command continues: clusters already at
-VERSION have nothing to do.`,
+VERSION have nothing to do. -A without -l, every cluster there is, is first
+listed and confirmed at the terminal, or needs --yes.`,
 		Example: `  kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 -n clusters
   kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 --max-surge 0 -o json
   kubectl cp-rollout upgrade staging-7 --version v1.36.3 --wait-workers
@@ -69,6 +70,7 @@ VERSION have nothing to do.`,
 		},
 	}
 	o.addFlags(cmd)
+	o.addYesFlag(cmd.Flags())
 	cmd.Flags().StringVar(&o.Request.Version, "version", "", "The Kubernetes version to upgrade to, e.g. v1.36.3 (required)")
 	cmd.Flags().StringSliceVar(&o.Request.Via, "via", nil, "Versions to pass through first, one complete rollout each, in order: one of each minor between the control plane's and --version, e.g. --via v1.35.2")
 	cmd.Flags().BoolVar(&o.WaitWorkers, "wait-workers", false, "On a ClusterClass (topology) cluster, also wait until the topology controller has upgraded every MachineDeployment to VERSION")

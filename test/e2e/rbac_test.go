@@ -92,7 +92,7 @@ func TestLeastPrivilege(t *testing.T) {
 	assertConverged(t, e, 3, to)
 	// The same upgrade over a selection finds nothing to do; the operator
 	// sees the fleet as the viewer does.
-	if r := e.Plugin(t, ctx, as(operator, "upgrade", "-A", "--version", to)...); r.Code != 0 {
+	if r := e.Plugin(t, ctx, as(operator, "upgrade", "-A", "--yes", "--version", to)...); r.Code != 0 {
 		t.Errorf("upgrade -A as the operator: exit %d\n%s", r.Code, simtest.Tail(r.Stderr, 20))
 	}
 	if r := e.Plugin(t, ctx, as(operator, "status", "-A")...); r.Code != 0 {

@@ -1,0 +1,189 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/fleet"
+)
+
+// The tests' streams are no terminal, as a script's are: -A alone on a verb
+// that changes clusters needs --yes, and is refused at once without it.
+func TestEveryClusterNeedsYesWithoutATerminal(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		refused bool
+	}{
+		{[]string{"upgrade", "-A", "--version", "v1.36.3"}, true},
+		{[]string{"scale", "-A", "--replicas", "3"}, true},
+		{[]string{"handback", "-A"}, true},
+		{[]string{"handback", "--all-namespaces", "--force"}, true},
+		{[]string{"upgrade", "-A", "--version", "v1.36.3", "--yes"}, false},
+		{[]string{"scale", "-A", "--replicas", "3", "--yes", "--parallel", "2"}, false},
+		{[]string{"handback", "-A", "--yes"}, false},
+		// A selector names the clusters; a dry run and the read-only verbs
+		// change nothing.
+		{[]string{"upgrade", "-A", "-l", "env=staging", "--version", "v1.36.3"}, false},
+		{[]string{"upgrade", "-l", "env=staging", "--version", "v1.36.3"}, false},
+		{[]string{"upgrade", "-A", "--version", "v1.36.3", "--dry-run"}, false},
+		{[]string{"scale", "-A", "--replicas", "3", "--dry-run"}, false},
+		{[]string{"status", "-A"}, false},
+		{[]string{"plan", "-A", "--version", "v1.36.3"}, false},
+		// How many clusters -l selects is known only once they are listed.
+		{[]string{"handback", "-l", "env=staging"}, false},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			isolate(t)
+			reached, r := parseVerb(t, tc.args...)
+			if !tc.refused {
+				if !reached {
+					t.Fatalf("did not reach Run: %v", r.err)
+				}
+				return
+			}
+			if reached || r.code != exitcode.Usage {
+				t.Fatalf("exit %d, reached Run %v (err: %v); want exit 2 before Run", r.code, reached, r.err)
+			}
+			msg := r.err.Error()
+			for _, want := range []string{"-A without -l acts on every cluster in every namespace", "pass --yes", "nothing was changed"} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("error %q lacks %q", msg, want)
+				}
+			}
+			if strings.Contains(msg, "\n") || r.out != "" || r.log != "" {
+				t.Errorf("want one line and nothing printed: error %q, stdout %q, stderr %q", msg, r.out, r.log)
+			}
+		})
+	}
+}
+
+// parseVerb runs args through the command tree with the verb args[0]
+// names stopped at its runF seam, and says whether the seam was reached.
+func parseVerb(t *testing.T, args ...string) (reached bool, r result) {
+	t.Helper()
+	switch args[0] {
+	case "upgrade":
+		o, r := parse(t, NewCmdUpgrade, args...)
+		return o != nil, r
+	case "scale":
+		o, r := parse(t, NewCmdScale, args...)
+		return o != nil, r
+	case "handback":
+		o, r := parse(t, NewCmdHandback, args...)
+		return o != nil, r
+	case "status":
+		o, r := parse(t, NewCmdStatus, args...)
+		return o != nil, r
+	case "plan":
+		o, r := parse(t, NewCmdPlan, args...)
+		return o != nil, r
+	}
+	t.Fatalf("no seam for %s", args[0])
+	return false, result{}
+}
+
+// The read-only verbs have nothing to confirm, so they take no --yes.
+func TestReadOnlyVerbsTakeNoYes(t *testing.T) {
+	isolate(t)
+	for _, args := range [][]string{{"status", "-A", "--yes"}, {"plan", "-A", "--version", "v1.36.3", "--yes"}, {"replace", "demo", "m", "--yes"}} {
+		if r := run(t, args...); r.code != exitcode.Usage || !strings.Contains(r.err.Error(), "unknown flag: --yes") {
+			t.Errorf("%v: exit %d, err %v", args, r.code, r.err)
+		}
+	}
+}
+
+// On a terminal the command can ask instead: Validate lets it through, and
+// Run asks once the clusters are listed.
+func TestEveryClusterOnATerminalIsAskedInRun(t *testing.T) {
+	c := confirmation{Interactive: true}
+	if err := c.validateEveryCluster("upgrade", &selection{AllNamespaces: true}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var twoClusters = []fleet.Cluster{{Namespace: "a", Name: "one"}, {Namespace: "b", Name: "two"}}
+
+func TestConfirmAsksAtATerminal(t *testing.T) {
+	for _, tc := range []struct {
+		answer string
+		yes    bool
+	}{
+		{"y\n", true}, {"Yes\n", true}, {" y \n", true},
+		{"n\n", false}, {"\n", false}, {"", false}, {"yep\n", false},
+	} {
+		var errOut bytes.Buffer
+		streams := genericiooptions.IOStreams{In: strings.NewReader(tc.answer), Out: &bytes.Buffer{}, ErrOut: &errOut}
+		c := confirmation{Interactive: true}
+		err := c.confirm(context.Background(), streams, "upgrade to v1.36.3", twoClusters)
+		if want := "upgrade to v1.36.3 would act on these 2 clusters:\n  a/one\n  b/two\nProceed? [y/N] "; errOut.String() != want {
+			t.Errorf("%q: asked\n%q\nwant\n%q", tc.answer, errOut.String(), want)
+		}
+		switch {
+		case tc.yes && err != nil:
+			t.Errorf("%q: %v, want to proceed", tc.answer, err)
+		case !tc.yes && (exitcode.Of(err) != exitcode.Usage || !strings.Contains(err.Error(), "upgrade to v1.36.3 not confirmed; nothing was changed")):
+			t.Errorf("%q: %v, want exit 2 saying it was not confirmed", tc.answer, err)
+		}
+	}
+}
+
+func TestConfirmWithoutATerminalRefusesAndYesProceeds(t *testing.T) {
+	var errOut bytes.Buffer
+	streams := genericiooptions.IOStreams{In: strings.NewReader("y\n"), Out: &bytes.Buffer{}, ErrOut: &errOut}
+	err := (&confirmation{}).confirm(context.Background(), streams, "handback", twoClusters)
+	if exitcode.Of(err) != exitcode.Usage || err.Error() != "handback would act on 2 clusters (a/one, b/two): pass --yes to confirm; nothing was changed" {
+		t.Errorf("without a terminal: %v", err)
+	}
+	if errOut.Len() != 0 {
+		t.Errorf("asked where nobody can answer: %q", errOut.String())
+	}
+	for _, c := range []confirmation{{Yes: true}, {Yes: true, Interactive: true}} {
+		if err := c.confirm(context.Background(), streams, "handback", twoClusters); err != nil || errOut.Len() != 0 {
+			t.Errorf("%+v: %v, asked %q", c, err, errOut.String())
+		}
+	}
+}
+
+// An interrupt ends the question as it ends a run, though the read of the
+// terminal goes on.
+func TestConfirmEndsWithTheContext(t *testing.T) {
+	in, w := io.Pipe()
+	defer w.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	streams := genericiooptions.IOStreams{In: in, Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}
+	if err := (&confirmation{Interactive: true}).confirm(ctx, streams, "handback", twoClusters); !errors.Is(err, context.Canceled) {
+		t.Fatalf("%v, want the context's end", err)
+	}
+}
+
+// A handback of one cluster by selector goes ahead; of more than one, or of
+// every cluster, it needs the confirmation.
+func TestHandbackOfSeveralClustersIsConfirmed(t *testing.T) {
+	for _, tc := range []struct {
+		sel      selection
+		clusters []fleet.Cluster
+		yes      bool
+		refused  bool
+	}{
+		{selection{Selector: "env=a"}, twoClusters[:1], false, false},
+		{selection{Selector: "env=a", AllNamespaces: true}, twoClusters[:1], false, false},
+		{selection{Selector: "env=a"}, twoClusters, false, true},
+		{selection{AllNamespaces: true}, twoClusters[:1], false, true},
+		{selection{Selector: "env=a"}, twoClusters, true, false},
+	} {
+		o := NewHandbackOptions(genericiooptions.IOStreams{In: strings.NewReader(""), Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}})
+		o.selection, o.Yes = tc.sel, tc.yes
+		err := o.confirmHandback(context.Background(), tc.clusters)
+		if refused := exitcode.Of(err) == exitcode.Usage; refused != tc.refused {
+			t.Errorf("%+v of %d clusters, --yes %v: %v, want refused %v", tc.sel, len(tc.clusters), tc.yes, err, tc.refused)
+		}
+	}
+}
