@@ -6,6 +6,7 @@ import (
 	"time"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/annotations"
 )
 
@@ -58,6 +59,41 @@ func (e *Engine) uncordon(ctx context.Context, m *clusterv1.Machine) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_ = e.Workload.Uncordon(ctx, nodeName(m))
+}
+
+// giveBackCordoned uncordons the nodes a drain of this tool cordoned and no
+// deletion followed (a run killed in between), except those of machines
+// being deleted, whose drain Cluster API finishes. It returns the nodes it
+// gave back.
+func (e *Engine) giveBackCordoned(ctx context.Context, cp *kcpstate.ControlPlane) (nodes []string, err error) {
+	cordoned, err := e.Workload.Cordoned(ctx)
+	if err != nil || len(cordoned) == 0 {
+		return nil, err
+	}
+	for _, node := range cordoned {
+		m := machineOfNode(cp, node)
+		if m == nil || !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		st := e.begin("uncordon", m.Name, "node "+node+" was cordoned by a run that stopped before deleting "+m.Name+": giving it back")
+		err := e.Workload.Uncordon(ctx, node)
+		st.end(&err)
+		if err != nil {
+			return nodes, err
+		}
+		nodes = append(nodes, node)
+	}
+	return nodes, nil
+}
+
+// machineOfNode is the machine whose node is node, nil when none is.
+func machineOfNode(cp *kcpstate.ControlPlane, node string) *clusterv1.Machine {
+	for _, m := range cp.Machines {
+		if nodeName(m) == node {
+			return m
+		}
+	}
+	return nil
 }
 
 // drainLeftToClusterAPI is a machine whose drain Cluster API must run itself:

@@ -97,6 +97,8 @@ type Workload interface {
 	// would, for at most limit; Uncordon gives the node back.
 	Drain(ctx context.Context, node string, limit time.Duration) (workload.Drained, error)
 	Uncordon(ctx context.Context, node string) error
+	// Cordoned names the control-plane nodes Drain cordoned and nobody gave back.
+	Cordoned(ctx context.Context) ([]string, error)
 	// KubeProxyBehind says how kube-proxy differs from what KCP makes of it
 	// once the machines are done, or "" when it does not.
 	KubeProxyBehind(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) (string, error)

@@ -53,6 +53,7 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 	// is refused here instead of being unpaused under its feet, and a run
 	// that starts now waits for this one.
 	var handedBack bool
+	var uncordoned string
 	err = e.holding(ctx, func(ctx context.Context) error {
 		if cp, err = e.ControlPlane.Read(ctx); err != nil {
 			return err
@@ -64,7 +65,17 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 			return err
 		}
 		handedBack = true
-		return e.ControlPlane.Resume(ctx, cp.KCP)
+		if err := e.ControlPlane.Resume(ctx, cp.KCP); err != nil {
+			return err
+		}
+		nodes, err := e.giveBackCordoned(ctx, cp)
+		if err != nil {
+			return fmt.Errorf("unpaused KubeadmControlPlane %s, but giving back the nodes an earlier run cordoned failed (kubectl uncordon them once the workload cluster answers): %w", cp.KCP.Name, err)
+		}
+		if len(nodes) > 0 {
+			uncordoned = "uncordoned node(s) " + strings.Join(nodes, ", ") + ", cordoned by a run that stopped before deleting their machines"
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -73,6 +84,9 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 		return append(done, nothing), nil // another run finished it meanwhile
 	}
 	done = append(done, fmt.Sprintf("unpaused KubeadmControlPlane %s and removed the record of %s", cp.KCP.Name, rec))
+	if uncordoned != "" {
+		done = append(done, uncordoned)
+	}
 
 	// What KCP faces now, in its own terms.
 	outdated, _ := cp.MachinesNeedingRollout()

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 
@@ -47,5 +48,55 @@ func TestHandbackUnpausesOnlyUnderTheLock(t *testing.T) {
 	}
 	if h.resumed {
 		t.Error("handback unpaused the KCP under another run")
+	}
+}
+
+// handbackLocked is a control plane whose lock handback takes: a real Lock
+// over a fake management cluster.
+type handbackLocked struct {
+	*scripted
+	lease   *controlplane.Client
+	resumed bool
+}
+
+func (h *handbackLocked) BreakLock(context.Context, bool, func(*coordinationv1.Lease)) (string, error) {
+	return "", nil
+}
+
+func (h *handbackLocked) Acquire(ctx context.Context, holder string, waiting func(*coordinationv1.Lease)) (*controlplane.Lock, error) {
+	return h.lease.Acquire(ctx, holder, waiting)
+}
+
+func (h *handbackLocked) Resume(context.Context, *controlplanev1.KubeadmControlPlane) error {
+	h.resumed = true
+	return nil
+}
+
+// TestHandbackGivesBackLeftCordons: a node an earlier run cordoned and never
+// gave back (killed between its drain and the deletion) is uncordoned by
+// handback, under the lock; the node of a machine being deleted stays
+// cordoned for Cluster API's drain.
+func TestHandbackGivesBackLeftCordons(t *testing.T) {
+	w := pausedByUs(world(machineSpec{outdated: true, deleting: true}, machineSpec{}, machineSpec{}))
+	f := newScripted(w)
+	f.cordoned = []string{"n0", "n1"}
+	h := &handbackLocked{scripted: f, lease: controlplane.New(fake.NewClientBuilder().WithScheme(controlplane.Scheme()).Build(), "default", "demo")}
+	e, _ := engineFor(f, fast)
+	e.ControlPlane = h
+	done, err := e.Handback(context.Background(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.resumed {
+		t.Error("the KCP was not unpaused")
+	}
+	if got := strings.Join(f.calls, ", "); got != "uncordon n1" {
+		t.Errorf("calls %q, want n1 alone uncordoned (n0's machine is being deleted)", got)
+	}
+	if !strings.Contains(strings.Join(done, "\n"), "uncordoned node(s) n1") {
+		t.Errorf("handback says %q, want the uncordon named", done)
+	}
+	if lease, _ := h.lease.Lease(context.Background()); lease != nil {
+		t.Errorf("the lock handback took was not released: %s", controlplane.Holder(lease))
 	}
 }

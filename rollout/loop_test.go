@@ -73,6 +73,8 @@ type scripted struct {
 	kubeProxyReads  int
 	// drainRules are the MachineDrainRules DrainRules names.
 	drainRules []string
+	// cordoned are the nodes Cordoned names: an earlier run's drain left them.
+	cordoned []string
 	// deleteFails Delete calls fail.
 	deleteFails int
 	// watched makes Wait report a change only when the machines or nodes
@@ -188,6 +190,12 @@ func (f *scripted) Uncordon(_ context.Context, node string) error {
 	defer f.mu.Unlock()
 	f.record("uncordon %s", node)
 	return nil
+}
+
+func (f *scripted) Cordoned(context.Context) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cordoned, nil
 }
 
 func (f *scripted) KubeProxyBehind(context.Context, *controlplanev1.KubeadmControlPlane) (string, error) {

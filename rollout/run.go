@@ -336,6 +336,9 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 		return nil, err
 	}
 	e.removeOrphans(ctx, live)
+	if _, err := e.giveBackCordoned(ctx, live); err != nil {
+		return nil, err
+	}
 	if outdated, _ := live.MachinesNeedingRollout(); outdated.Len() > 0 {
 		return live, e.prepareWorkload(ctx, live)
 	}

@@ -65,7 +65,10 @@ func (c *Client) Drain(ctx context.Context, node string, limit time.Duration) (D
 	}
 	var d Drained
 	if !n.Spec.Unschedulable {
-		patch := []byte(`{"spec":{"unschedulable":true}}`)
+		// Marked as this tool's cordon: a run killed before it deletes the
+		// machine or gives the node back leaves the mark, and the next run
+		// or handback gives it back (Cordoned).
+		patch := []byte(`{"metadata":{"annotations":{"` + CordonedAnnotation + `":"true"}},"spec":{"unschedulable":true}}`)
 		if _, err := c.Kube.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			return Drained{Left: "cordoning node " + node + ": " + err.Error()}, ctx.Err()
 		}
@@ -168,10 +171,30 @@ type Drained struct {
 	Left string
 }
 
-// Uncordon marks node schedulable again: a drain whose Machine was not
-// deleted after all gives its node back.
+// CordonedAnnotation marks a node that Drain cordoned. Only such a node is
+// ever uncordoned by this tool: a cordon of someone else's stays.
+const CordonedAnnotation = "cp-rollout.cluster.x-k8s.io/cordoned"
+
+// Cordoned names the control-plane nodes that carry Drain's cordon, which a
+// run killed between its drain and the deletion of the machine left behind.
+func (c *Client) Cordoned(ctx context.Context) ([]string, error) {
+	nodes, err := c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: ControlPlaneNodeLabel})
+	if err != nil {
+		return nil, fmt.Errorf("workload cluster %s: listing control-plane nodes: %w", c.Name, err)
+	}
+	var names []string
+	for _, n := range nodes.Items {
+		if _, ok := n.Annotations[CordonedAnnotation]; ok && n.Spec.Unschedulable {
+			names = append(names, n.Name)
+		}
+	}
+	return names, nil
+}
+
+// Uncordon marks node schedulable again and drops Drain's mark: a drain
+// whose Machine was not deleted after all gives its node back.
 func (c *Client) Uncordon(ctx context.Context, node string) error {
-	patch := []byte(`{"spec":{"unschedulable":false}}`)
+	patch := []byte(`{"metadata":{"annotations":{"` + CordonedAnnotation + `":null}},"spec":{"unschedulable":false}}`)
 	_, err := c.Kube.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
