@@ -7,6 +7,8 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+
+	"github.com/cp-rollout/cp-rollout/pkg/workload"
 	"sigs.k8s.io/cluster-api/util/annotations"
 )
 
@@ -18,23 +20,24 @@ const drainLimit = time.Minute
 // drain empties m's node just before m is deleted, as Cluster API's drain
 // would (see workload.Drain for why), unless Cluster API must decide how:
 // the machine opts out of draining or waits on a pre-drain hook, or the
-// cluster's namespace has MachineDrainRules. It reports whether it cordoned
-// the node, so a deletion that does not happen can give the node back.
+// cluster's namespace has MachineDrainRules. It reports what it did: whether
+// it cordoned the node, so a deletion that does not happen can give the node
+// back, and what it evicted, which it may have waited up to drainLimit for.
 // Nothing it leaves undone fails the run: Cluster API's drain follows.
-func (e *Engine) drain(ctx context.Context, m *clusterv1.Machine) (cordoned bool, err error) {
+func (e *Engine) drain(ctx context.Context, m *clusterv1.Machine) (d workload.Drained, err error) {
 	node := nodeName(m)
 	if node == "" || drainLeftToClusterAPI(m) {
-		return false, nil
+		return d, nil
 	}
 	rules, err := e.ControlPlane.DrainRules(ctx)
 	if err != nil || len(rules) > 0 {
-		return false, ctx.Err()
+		return d, ctx.Err()
 	}
 	st := e.begin("drain", m.Name, "draining node "+node)
 	defer st.end(&err)
-	d, err := e.Workload.Drain(ctx, node, drainLimit)
+	d, err = e.Workload.Drain(ctx, node, drainLimit)
 	if err != nil {
-		return d.Cordoned, err
+		return d, err
 	}
 	var msg string
 	switch {
@@ -49,7 +52,7 @@ func (e *Engine) drain(ctx context.Context, m *clusterv1.Machine) (cordoned bool
 		msg += "; left to Cluster API's drain: " + d.Left
 	}
 	st.done(msg)
-	return d.Cordoned, nil
+	return d, nil
 }
 
 // uncordon gives back the node of a machine that was drained and then not

@@ -51,7 +51,7 @@ func (e *Engine) Converge(ctx context.Context, t Target) error {
 		case AwaitJoin:
 			err = e.awaitJoin(ctx, t, next)
 		case Delete:
-			err = e.deleteVictim(ctx, s, next)
+			err = e.deleteVictim(ctx, t, s, next)
 		case ServeCleanupHook:
 			err = e.serveCleanupHook(ctx, s, next.Machine)
 		case AwaitDeletion:
@@ -234,16 +234,22 @@ func (e *Engine) settle(ctx context.Context) (err error) {
 // Machine controller stops before the infrastructure goes and its member is
 // removed while the machine still runs; its node is drained, and etcd
 // leadership leaves its member, before the deletion starts.
-func (e *Engine) deleteVictim(ctx context.Context, s *Snapshot, next Step) (err error) {
+//
+// A drain that evicted pods may have waited a minute for them: the deletion is
+// then decided again on a live read, as every step is, and leadership is
+// forwarded from what that read shows. A deletion the guards no longer allow
+// is not made (the node is given back) and the loop decides afresh.
+func (e *Engine) deleteVictim(ctx context.Context, t Target, s *Snapshot, next Step) (err error) {
 	m := next.Machine
 	e.countMachineStep(true)
 	if err := e.ControlPlane.EnsureCleanupHook(ctx, m); err != nil {
 		return err
 	}
-	cordoned, err := e.drain(ctx, m)
-	if cordoned {
+	drained, err := e.drain(ctx, m)
+	deleted := false
+	if drained.Cordoned {
 		defer func() {
-			if err != nil {
+			if !deleted {
 				e.uncordon(ctx, m)
 			}
 		}()
@@ -251,12 +257,24 @@ func (e *Engine) deleteVictim(ctx context.Context, s *Snapshot, next Step) (err 
 	if err != nil {
 		return err
 	}
+	if drained.Cordoned || len(drained.Evicted) > 0 {
+		if s, err = e.read(ctx); err != nil {
+			return err
+		}
+		if again := Next(ctx, s, t); again.Action != Delete || again.Machine.Name != m.Name {
+			return nil
+		}
+	}
 	if s.EtcdManaged && Leads(s, m) {
 		if err := e.forwardLeadership(ctx, s, m); err != nil {
 			return err
 		}
 	}
-	return e.delete(ctx, m, next.Reason)
+	if err := e.delete(ctx, m, next.Reason); err != nil {
+		return err
+	}
+	deleted = true
+	return nil
 }
 
 func (e *Engine) delete(ctx context.Context, m *clusterv1.Machine, why string) (err error) {
