@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
@@ -18,6 +19,7 @@ import (
 	"github.com/cp-rollout/cp-rollout/cmd/kubectl-cp_rollout/internal/initgc"
 	"github.com/cp-rollout/cp-rollout/pkg/cli"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/progress"
 )
 
 // The collector was off while the packages this one imports initialised;
@@ -29,9 +31,7 @@ func main() {
 }
 
 func run() int {
-	// The first SIGINT or SIGTERM cancels the context: commands stop at once in a
-	// resumable state. A second signal falls through to the default and kills us.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := stopOnSignal()
 	defer stop()
 	// Cluster API's code that the tool runs (KCP's failure-domain choice,
 	// for one) logs through controller-runtime's logger. The tool reports
@@ -40,20 +40,50 @@ func run() int {
 	ctrllog.SetLogger(logr.Discard())
 
 	streams := genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}
-	err := cli.Run(ctx, streams, os.Args[1:])
+	res, err := cli.Run(ctx, streams, os.Args[1:])
 	if err == nil {
 		return exitcode.OK
 	}
 	code := exitcode.Of(err)
-	if ctx.Err() != nil {
-		code = exitcode.Interrupted
+	if cause := context.Cause(ctx); cause != nil {
+		// Whatever the run's last error, a signal stopped it.
+		code = exitcode.Of(cause)
 	}
 	if code == cli.PendingExitCode {
 		return code // `plan --exit-code`: the plan on stdout says it all
+	}
+	if res.JSON {
+		_ = progress.WriteFailure(os.Stdout, progress.Failure{Time: time.Now(), Cluster: res.Cluster, Namespace: res.Namespace,
+			ExitCode: code, Class: exitcode.Class(code), Message: err.Error()})
 	}
 	fmt.Fprintf(os.Stderr, "error: %v\n", err)
 	if code == exitcode.Usage {
 		fmt.Fprintln(os.Stderr, "Run 'kubectl cp-rollout --help' for usage.")
 	}
 	return code
+}
+
+// stopOnSignal returns a context that the first SIGINT or SIGTERM cancels,
+// with exitcode.Stopped as its cause: commands stop at once in a resumable
+// state, and main exits 130 or 143 as the signal says (signal.NotifyContext
+// would not say which). The first signal also restores the default, so a
+// second one kills the process.
+func stopOnSignal() (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-signals:
+			signal.Stop(signals)
+			cancel(exitcode.Stopped(sig))
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(signals)
+		close(done)
+		cancel(nil)
+	}
 }

@@ -52,18 +52,31 @@ type outcome struct {
 // configuration directory.
 func kubectl(t *testing.T, env []string, args ...string) outcome {
 	t.Helper()
+	cmd, stdout, stderr := kubectlCommand(t, env, args...)
+	return finish(t, cmd, cmd.Run(), stdout, stderr)
+}
+
+// kubectlCommand is kubectl's command, not yet started, and where its
+// output goes. KUBECONFIG names a file that does not exist unless env sets it.
+func kubectlCommand(t *testing.T, env []string, args ...string) (cmd *exec.Cmd, stdout, stderr *bytes.Buffer) {
+	t.Helper()
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Fatal("these tests need kubectl on PATH: ", err)
 	}
-	cmd := exec.Command("kubectl", args...)
+	cmd = exec.Command("kubectl", args...)
 	cmd.Env = append(os.Environ(),
 		"PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"),
 		"XDG_CONFIG_HOME="+t.TempDir(),
 		"KUBECONFIG="+filepath.Join(t.TempDir(), "none"))
 	cmd.Env = append(cmd.Env, env...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	stdout, stderr = &bytes.Buffer{}, &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	return cmd, stdout, stderr
+}
+
+// finish is the outcome of cmd, which ended with err.
+func finish(t *testing.T, cmd *exec.Cmd, err error, stdout, stderr *bytes.Buffer) outcome {
+	t.Helper()
 	var exit *exec.ExitError
 	if err != nil && !errors.As(err, &exit) {
 		t.Fatal(err)

@@ -251,19 +251,81 @@ func TestBadConfigIsUsageError(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			isolateWith(t, tc.body, tc.env)
-			r := run(t, "version")
-			if r.code != exitcode.Usage {
-				t.Fatalf("exit code %d, want %d (err: %v)", r.code, exitcode.Usage, r.err)
+			refused(t, run(t, "version"), exitcode.Usage, tc.want...)
+		})
+	}
+}
+
+// refused checks that r exited with code and an error of one line that
+// says each of says.
+func refused(t *testing.T, r result, code int, says ...string) {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("exit code %d, want %d (err: %v)", r.code, code, r.err)
+	}
+	msg := r.err.Error()
+	for _, s := range says {
+		if !strings.Contains(msg, s) {
+			t.Errorf("error %q lacks %q", msg, s)
+		}
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("error is not one line: %q", msg)
+	}
+}
+
+// Without a kubeconfig the tool cannot reach the management cluster: exit 7,
+// naming how to give one. A kubeconfig that is there but wrong is bad input.
+func TestKubeconfigProblems(t *testing.T) {
+	isolate(t)
+	missing := filepath.Join(t.TempDir(), "missing")
+	for _, tc := range []struct {
+		name string
+		env  string // KUBECONFIG
+		args []string
+		code int
+		says []string
+	}{
+		{"none in KUBECONFIG", missing, []string{"status", "demo"}, exitcode.Unreachable, []string{"looked at " + missing, "--kubeconfig", "KUBECONFIG"}},
+		{"none, over a fleet", missing, []string{"status", "-l", "env=prod"}, exitcode.Unreachable, []string{"--kubeconfig", "KUBECONFIG"}},
+		{"none, for a change", missing, []string{"upgrade", "demo", "--version", "v1.36.3"}, exitcode.Unreachable, []string{"--kubeconfig", "KUBECONFIG"}},
+		{"--kubeconfig missing", "", []string{"status", "demo", "--kubeconfig", missing}, exitcode.Unreachable, []string{"--kubeconfig " + missing + " does not exist"}},
+		{"no such context", "", []string{"status", "demo", "--context", "nope"}, exitcode.Usage, []string{`context "nope"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.env != "" {
+				t.Setenv("KUBECONFIG", tc.env)
 			}
-			msg := r.err.Error()
-			for _, w := range tc.want {
-				if !strings.Contains(msg, w) {
-					t.Errorf("error %q lacks %q", msg, w)
-				}
-			}
-			if strings.Contains(msg, "\n") {
-				t.Errorf("error is not one line: %q", msg)
+			r := run(t, tc.args...)
+			refused(t, r, tc.code, tc.says...)
+			if msg := r.err.Error(); strings.Contains(msg, "KUBERNETES_MASTER") {
+				t.Errorf("error %q sends users to client-go's KUBERNETES_MASTER", msg)
 			}
 		})
+	}
+}
+
+// Run tells main how the command showed its output and which cluster it
+// acted on, so a failure can end -o json output with one object.
+func TestRunResult(t *testing.T) {
+	isolate(t)
+	streams := genericiooptions.IOStreams{In: strings.NewReader(""), Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}
+	for _, tc := range []struct {
+		args []string
+		want Result
+	}{
+		{[]string{"upgrade", "demo", "--version", "v1.36.3", "-o", "json"}, Result{JSON: true, Cluster: "demo", Namespace: "default"}},
+		{[]string{"plan", "demo", "--version", "v1.36.3", "-n", "ops"}, Result{Cluster: "demo", Namespace: "ops"}},
+		{[]string{"upgrade", "demo", "-o", "json"}, Result{JSON: true, Cluster: "demo"}}, // refused before the namespace was resolved
+		{[]string{"status", "-A", "-o", "json"}, Result{JSON: true}},
+		{[]string{"status", "-A", "-o", "yaml"}, Result{}},
+	} {
+		res, err := Run(context.Background(), streams, tc.args)
+		if err == nil {
+			t.Fatalf("%v: no error", tc.args)
+		}
+		if res != tc.want {
+			t.Errorf("%v: %+v, want %+v (err: %v)", tc.args, res, tc.want, err)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -52,6 +53,16 @@ type connection struct {
 	selection
 	EtcdEndpoint string // direct etcd endpoint template; empty = port-forward
 	KCPVersion   string // overrides detection of the KCP controller's version
+}
+
+// where names the one cluster the verb acts on, and its namespace once
+// resolved (-n, or the kubeconfig's context when connected); empty over a
+// fleet.
+func (c *connection) where() (cluster, namespace string) {
+	if c.fleet() {
+		return "", ""
+	}
+	return c.Cluster, c.Namespace
 }
 
 func (c *connection) addEtcdEndpointFlag(f *pflag.FlagSet) {
@@ -158,16 +169,14 @@ func readOnly(warnings io.Writer) engineUse {
 // client, the workload client from the cluster's kubeconfig Secret and an etcd
 // client with credentials minted from the cluster's etcd CA.
 func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engine, func(), error) {
-	cfg, err := c.Management.ToRESTConfig()
+	cfg, err := c.restConfig()
 	if err != nil {
-		return nil, nil, exitcode.Usagef("management cluster: %v", err)
+		return nil, nil, err
 	}
 	if c.Namespace == "" {
-		ns, _, err := c.Management.ToRawKubeConfigLoader().Namespace()
-		if err != nil {
-			return nil, nil, exitcode.Usagef("namespace: %v", err)
+		if c.Namespace, err = c.kubeconfigNamespace(); err != nil {
+			return nil, nil, err
 		}
-		c.Namespace = ns
 	}
 	// A snapshot is a dozen reads; client-go's default of 5 requests a second
 	// would make every step wait on the client-side limiter.
@@ -185,6 +194,7 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 	cp.Fence = fence
 	state, err := cp.Read(ctx)
 	if err != nil {
+		err = c.firstContact(ctx, err)
 		// A refused read is the first of the missing permissions: list them all.
 		if apierrors.IsForbidden(err) {
 			if perr := c.preflight(ctx, mgmt, use, nil); perr != nil {
@@ -278,4 +288,65 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 	engine.Changes = watches
 	engine.Cache = &rollout.Cache{ControlPlane: controlplane.New(watches.Client(), c.Namespace, c.Cluster), Workload: watches}
 	return engine, cleanup, nil
+}
+
+// restConfig is the management cluster's connection as the flags select it.
+// Having no kubeconfig at all (none in KUBECONFIG or ~/.kube/config, or a
+// --kubeconfig file that does not exist) is exit 7, as an unreachable API
+// server is: the environment lacks the way in, and a runbook retries or
+// alerts on it alike. A kubeconfig that is there but names a missing
+// context, or does not parse, is bad input (exit 2), as a bad flag is.
+func (c *connection) restConfig() (*rest.Config, error) {
+	cfg, err := c.Management.ToRESTConfig()
+	if err != nil {
+		return nil, c.kubeconfigError("management cluster", err)
+	}
+	return cfg, nil
+}
+
+// kubeconfigNamespace is the namespace of the kubeconfig's context, for a
+// verb given no -n.
+func (c *connection) kubeconfigNamespace() (string, error) {
+	ns, _, err := c.Management.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return "", c.kubeconfigError("namespace", err)
+	}
+	return ns, nil
+}
+
+// kubeconfigError marks an error of loading the kubeconfig (see restConfig).
+// client-go's own words for a missing one send users to KUBERNETES_MASTER,
+// which kubectl no longer reads: the reason names the flag and the variable,
+// and where the kubeconfig was looked for.
+func (c *connection) kubeconfigError(what string, err error) error {
+	access := c.Management.ToRawKubeConfigLoader().ConfigAccess()
+	switch {
+	case access.IsExplicitFile() && errors.Is(err, fs.ErrNotExist):
+		return exitcode.Unreachablef("no kubeconfig for the management cluster: --kubeconfig %s does not exist", access.GetExplicitFile())
+	case clientcmd.IsEmptyConfig(err):
+		return exitcode.Unreachablef("no kubeconfig for the management cluster (looked at %s): pass --kubeconfig FILE or set KUBECONFIG",
+			strings.Join(access.GetLoadingPrecedence(), ", "))
+	}
+	return exitcode.Usagef("%s: %v", what, err)
+}
+
+// firstContact marks the error of the first request a command makes to the
+// management cluster as Unreachable (exit 7) when that request got no answer
+// or was refused as unauthenticated: nothing has been read, so nothing has
+// been changed. Later requests are never marked so: a connection lost in the
+// middle of a run may leave a control plane mid-rollout, which is exit 1 (or
+// 4 for a wait), as before. An error after the run's context ended is the
+// stop's or --timeout's, and is left to them.
+func (c *connection) firstContact(ctx context.Context, err error) error {
+	if ctx.Err() != nil || exitcode.Of(err) != exitcode.Failure || !exitcode.IsUnreachable(err) {
+		return err
+	}
+	server := "the management cluster"
+	if cfg, cerr := c.Management.ToRESTConfig(); cerr == nil {
+		server += " at " + cfg.Host
+	}
+	if apierrors.IsUnauthorized(err) {
+		return exitcode.Unreachablef("%s did not accept the kubeconfig's credentials: %w", server, exitcode.Cause(err))
+	}
+	return exitcode.Unreachablef("cannot reach %s: %w", server, exitcode.Cause(err))
 }

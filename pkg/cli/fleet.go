@@ -84,20 +84,17 @@ func (c *connection) scope() (fleet.Scope, error) {
 	if c.AllNamespaces {
 		return scope, nil
 	}
-	ns, _, err := c.Management.ToRawKubeConfigLoader().Namespace()
-	if err != nil {
-		return scope, exitcode.Usagef("namespace: %v", err)
-	}
+	ns, err := c.kubeconfigNamespace()
 	scope.Namespace = ns
-	return scope, nil
+	return scope, err
 }
 
 // managementReader lists the management cluster's collections, for the
 // reads that select clusters and show the fleet.
 func (c *connection) managementReader() (*fleet.Lister, error) {
-	cfg, err := c.Management.ToRESTConfig()
+	cfg, err := c.restConfig()
 	if err != nil {
-		return nil, exitcode.Usagef("management cluster: %v", err)
+		return nil, err
 	}
 	// status -A makes its lists at once, and then, for control planes whose
 	// own status may be stale, a Machine list each, eight at a time.
@@ -120,7 +117,7 @@ func (c *connection) selectClusters(ctx context.Context) ([]fleet.Cluster, []fle
 	clusters, skipped, err := fleet.Select(ctx, mgmt, scope)
 	switch {
 	case err != nil:
-		return nil, nil, err
+		return nil, nil, c.firstContact(ctx, err)
 	case len(clusters) == 0 && len(skipped) == 0:
 		return nil, nil, exitcode.Usagef("no Cluster %s", scope)
 	case len(clusters) == 0:
@@ -254,8 +251,11 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 	})
 	board.Stop()
 
-	stopped := ctx.Err() != nil
-	rows, failed, notStarted, codes := fleetRows(results, skipped, counters, stopped)
+	stopped, stop := ctx.Err() != nil, exitcode.OK
+	if stopped {
+		stop = exitcode.StopOf(ctx)
+	}
+	rows, failed, notStarted, codes := fleetRows(results, skipped, counters, stop)
 	var summary error
 	if failed > 0 || notStarted > 0 {
 		what := "failed"
@@ -272,7 +272,7 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 		}
 		code := exitcode.Worst(codes...)
 		if code == exitcode.OK { // none failed: the run was stopped before some started
-			code = exitcode.Interrupted
+			code = stop
 		}
 		summary = exitcode.New(code, summary)
 	}
@@ -287,10 +287,11 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 
 // fleetRows is the closing table: the clusters in the order they were
 // selected, then those skipped. It counts the failed and the never started,
-// and gathers the failed ones' exit codes. When the run was stopped, a
-// cluster that ended with an error was stopped (exit 130), unless its error
-// has a code of its own.
-func fleetRows(results []fleet.Result, skipped []fleet.Skipped, counters map[fleet.Cluster]*machineCounter, stopped bool) (rows []fleetRow, failed, notStarted int, codes []int) {
+// and gathers the failed ones' exit codes. When the run was stopped (stop
+// is then its code, 130 or 143; OK when it was not), a cluster that ended
+// with an error was stopped, with the stop's code, unless its error has a
+// code of its own.
+func fleetRows(results []fleet.Result, skipped []fleet.Skipped, counters map[fleet.Cluster]*machineCounter, stop int) (rows []fleetRow, failed, notStarted int, codes []int) {
 	for _, r := range results {
 		row := fleetRow{Cluster: r.Cluster, Result: "done", DurationMs: r.Duration.Milliseconds()}
 		switch {
@@ -304,8 +305,8 @@ func fleetRows(results []fleet.Result, skipped []fleet.Skipped, counters map[fle
 			failed++
 		}
 		code := exitcode.Of(r.Err)
-		if stopped && r.Err != nil && code == exitcode.Failure {
-			row.Result, code = "stopped", exitcode.Interrupted
+		if stop != exitcode.OK && r.Err != nil && (code == exitcode.Failure || exitcode.IsStop(code)) {
+			row.Result, code = "stopped", stop
 		}
 		codes = append(codes, code)
 		row.ExitCode, row.Machines = &code, counters[r.Cluster].machines()

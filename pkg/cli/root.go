@@ -5,6 +5,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -19,11 +20,52 @@ import (
 const displayName = "kubectl cp-rollout"
 
 // Run builds the command tree, runs the command that args select and returns its
-// error. It is what main calls; tests call it too.
-func Run(ctx context.Context, streams genericiooptions.IOStreams, args []string) error {
+// error, and how the command showed its output. It is what main calls; tests
+// call it too.
+func Run(ctx context.Context, streams genericiooptions.IOStreams, args []string) (Result, error) {
 	root := NewRootCmd(streams)
 	root.SetArgs(args)
-	return root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
+	var res Result
+	if cmd != nil {
+		// The command has parsed -o (from the flag, the environment or the
+		// config file) and refused a value it does not know.
+		if f := cmd.Flags().Lookup("output"); f != nil {
+			res.JSON = f.Value.String() == "json"
+		}
+	}
+	var at *atCluster
+	if errors.As(err, &at) {
+		res.Cluster, res.Namespace = at.cluster, at.namespace
+	}
+	return res, err
+}
+
+// Result is what main needs, besides the error, to end a failed command's
+// output in the form the command chose: main alone knows the exit code (a
+// signal may decide it), the command alone its output format.
+type Result struct {
+	// JSON is set when the command printed JSON (-o json): a script reads
+	// its stdout, and a failure ends it with one JSON object.
+	JSON bool
+	// Cluster and Namespace name the one cluster the command acted on, as
+	// far as it had resolved them; empty over a fleet.
+	Cluster, Namespace string
+}
+
+// atCluster marks a verb's error with the cluster it acted on, for Result.
+// Its message is the error's own.
+type atCluster struct {
+	cluster, namespace string
+	err                error
+}
+
+func (e *atCluster) Error() string { return e.err.Error() }
+func (e *atCluster) Unwrap() error { return e.err }
+
+// oneCluster is a verb's options that may name the one cluster it acts on.
+type oneCluster interface {
+	where() (cluster, namespace string)
 }
 
 // RootOptions holds what every verb shares: how to reach the management cluster
@@ -105,16 +147,29 @@ type verbOptions interface {
 // runVerb is every verb's RunE. It hands the completed, valid options to
 // runF, the test seam, when one is given, or else runs them.
 func runVerb[O verbOptions](cmd *cobra.Command, args []string, o O, runF func(O) error) error {
-	if err := o.Complete(cmd, args); err != nil {
-		return err
+	err := o.Complete(cmd, args)
+	if err == nil {
+		err = o.Validate()
 	}
-	if err := o.Validate(); err != nil {
-		return err
-	}
-	if runF != nil {
+	switch {
+	case err == nil && runF != nil:
 		return runF(o)
+	case err == nil:
+		err = o.Run(cmd.Context())
 	}
-	return o.Run(cmd.Context())
+	return markCluster(o, err)
+}
+
+// markCluster marks err with the one cluster that o acted on, if any.
+func markCluster(o any, err error) error {
+	one, ok := o.(oneCluster)
+	if !ok || err == nil {
+		return err
+	}
+	if cluster, namespace := one.where(); cluster != "" {
+		return &atCluster{cluster: cluster, namespace: namespace, err: err}
+	}
+	return err
 }
 
 // noVerb rejects anything the root is given that cobra did not resolve to a verb,

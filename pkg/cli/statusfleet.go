@@ -30,7 +30,7 @@ func (o *StatusOptions) runFleet(ctx context.Context) error {
 	}
 	rows, err := fleet.Overview(ctx, mgmt, scope)
 	if err != nil {
-		return err
+		return o.firstContact(ctx, err)
 	}
 	if len(rows) == 0 {
 		return exitcode.Usagef("no Cluster %s", scope)

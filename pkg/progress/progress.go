@@ -53,6 +53,29 @@ type Event struct {
 	Hop
 }
 
+// Failure is the JSON object that ends the output of a failed run with -o
+// json, so that a script reading stdout learns how the run ended without
+// parsing stderr: an event under action "error", phase "failed", with the
+// exit code and its class (exitcode.Class). Cluster and namespace are there
+// when the run acted on one cluster and had resolved them.
+type Failure struct {
+	Time      time.Time `json:"time"`
+	Cluster   string    `json:"cluster,omitempty"`
+	Namespace string    `json:"namespace,omitempty"`
+	Action    string    `json:"action"`
+	Phase     Phase     `json:"phase"`
+	// ExitCode is named as in the "fleet" event.
+	ExitCode int    `json:"exitCode"`
+	Class    string `json:"class"`
+	Message  string `json:"message"`
+}
+
+// WriteFailure writes f, as action "error" and phase "failed", on one line.
+func WriteFailure(w io.Writer, f Failure) error {
+	f.Action, f.Phase = "error", Failed
+	return json.NewEncoder(w).Encode(f)
+}
+
 // Hop is one rollout of an upgrade through several versions (--via): hop
 // Index of Of, to Version. It is zero for a run of one rollout.
 type Hop struct {

@@ -77,14 +77,38 @@ type fleetEvent struct {
 	} `json:"clusters"`
 }
 
+// lastFleetEvent is the fleet event that closes stdout, or, when the run
+// failed, the one just before the error object that then ends it.
 func lastFleetEvent(t *testing.T, stdout string) fleetEvent {
 	t.Helper()
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	last := lines[len(lines)-1]
+	if errorObject(last) != nil && len(lines) > 1 {
+		last = lines[len(lines)-2]
+	}
 	var ev fleetEvent
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &ev); err != nil || ev.Action != "fleet" {
-		t.Fatalf("the last line is not the fleet event (%v): %q", err, lines[len(lines)-1])
+	if err := json.Unmarshal([]byte(last), &ev); err != nil || ev.Action != "fleet" {
+		t.Fatalf("the last line is not the fleet event (%v): %q", err, last)
 	}
 	return ev
+}
+
+// runError is the object that ends a failed run's -o json output.
+type runError struct {
+	Action   string `json:"action"`
+	Phase    string `json:"phase"`
+	ExitCode int    `json:"exitCode"`
+	Class    string `json:"class"`
+	Message  string `json:"message"`
+}
+
+// errorObject is line as the error object, or nil when it is another event.
+func errorObject(line string) *runError {
+	var e runError
+	if json.Unmarshal([]byte(line), &e) != nil || e.Action != "error" {
+		return nil
+	}
+	return &e
 }
 
 func resultsOf(ev fleetEvent) map[string]string {
@@ -188,6 +212,10 @@ func TestFleetMaxFailures(t *testing.T) {
 		t.Fatalf("--max-failures 0: exit %d, want 3 (the refusal)\n%s", r.Code, simtest.Tail(r.Stderr, 30))
 	}
 	got := resultsOf(lastFleetEvent(t, r.Stdout))
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	if e := errorObject(lines[len(lines)-1]); e == nil || e.ExitCode != 3 || e.Class != "unsafe" || e.Phase != "failed" || !strings.Contains(e.Message, "1 of 4 clusters failed") {
+		t.Errorf("the failed fleet run's stdout does not end with its error object (exit 3, class unsafe): %q", lines[len(lines)-1])
+	}
 	want := map[string]string{"fleet-fail-1": "done", "fleet-fail-2": "failed", "fleet-fail-3": "not started", "fleet-fail-4": "not started"}
 	for ns, w := range want {
 		if got[ns] != w {
@@ -238,14 +266,19 @@ func TestFleetInterruptedThenResumed(t *testing.T) {
 		t.Fatalf("interrupted fleet run: exit %d, want 130\n%s", code, simtest.Tail(run.Stderr(), 20))
 	}
 	// Its closing event says which clusters were stopped mid-run.
-	var closing map[string]any
+	var closing, last map[string]any
 	for ev := range run.Events {
 		if ev["action"] == "fleet" {
 			closing = ev
 		}
+		last = ev
 	}
 	if closing == nil || closing["exitCode"] != float64(130) || !strings.Contains(fmt.Sprint(closing["clusters"]), "result:stopped") {
 		t.Errorf("the interrupted run's fleet event %v: want exit code 130 and stopped clusters", closing)
+	}
+	// After it, the object that ends every failed run's -o json output.
+	if last["action"] != "error" || last["exitCode"] != float64(130) || last["class"] != "interrupted" {
+		t.Errorf("the interrupted run's last event %v: want its error object, exit code 130, class interrupted", last)
 	}
 	paused := 0
 	for _, e := range envs {

@@ -1,0 +1,44 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+	"testing"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/fleet"
+)
+
+// A fleet stopped by SIGTERM reports its stopped clusters with 143, as the
+// process exits, and keeps the codes of clusters that failed for a reason of
+// their own.
+func TestFleetRowsOfAStoppedRun(t *testing.T) {
+	a, b, c, d := fleet.Cluster{Namespace: "n", Name: "a"}, fleet.Cluster{Namespace: "n", Name: "b"},
+		fleet.Cluster{Namespace: "n", Name: "c"}, fleet.Cluster{Namespace: "n", Name: "d"}
+	results := []fleet.Result{
+		{Cluster: a, Started: true, Err: fmt.Errorf("awaiting join: %w", exitcode.Stopped(syscall.SIGTERM))},
+		{Cluster: b, Started: true, Err: errors.New("context canceled")},
+		{Cluster: c, Started: true, Err: exitcode.Lockedf("locked by someone")},
+		{Cluster: d},
+	}
+	counters := map[fleet.Cluster]*machineCounter{a: {}, b: {}, c: {}, d: {}}
+	rows, failed, notStarted, codes := fleetRows(results, nil, counters, exitcode.Terminated)
+	want := []struct {
+		result string
+		code   int
+	}{{"stopped", 143}, {"stopped", 143}, {"failed", exitcode.Locked}, {"not started", -1}}
+	for i, w := range want {
+		got := rows[i]
+		code := -1
+		if got.ExitCode != nil {
+			code = *got.ExitCode
+		}
+		if got.Result != w.result || code != w.code {
+			t.Errorf("%s: %s, exit %d; want %s, exit %d", got.Cluster, got.Result, code, w.result, w.code)
+		}
+	}
+	if failed != 3 || notStarted != 1 || exitcode.Worst(codes...) != exitcode.Terminated {
+		t.Errorf("failed %d, not started %d, worst %d; want 3, 1, 143", failed, notStarted, exitcode.Worst(codes...))
+	}
+}
