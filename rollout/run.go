@@ -124,6 +124,9 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	// Refuse an unsafe control plane now, before the lock and the pause: a
 	// refusal then changes nothing.
 	if step := Next(ctx, &future, t); step.Action == Refuse {
+		if lock := e.lockedByAnotherRun(ctx); lock != nil {
+			return nil, lock // another run's step in flight is why (see CheckState above)
+		}
 		return nil, step.Err
 	}
 	return p, nil
@@ -156,6 +159,9 @@ func skipsMinor(from, to string) bool {
 
 // lockedByAnotherRun names the live run holding the cluster's Lease, nil when
 // there is none (or the Lease cannot be read: the refusal at hand stands).
+// It only chooses between two refusals, 5 and 3, so the holder's renew time
+// is trusted here: a dead run's Lease must not turn every refusal into a
+// lock-out, and no Lease is taken or broken on it.
 func (e *Engine) lockedByAnotherRun(ctx context.Context) error {
 	lease, err := e.ControlPlane.Lease(ctx)
 	if err != nil || lease == nil || !controlplane.Live(lease, time.Now()) {

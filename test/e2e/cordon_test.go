@@ -2,15 +2,12 @@ package e2e
 
 import (
 	"context"
-	"maps"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -18,7 +15,6 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
@@ -33,29 +29,36 @@ func TestKillAfterCordon(t *testing.T) {
 	defer cancel()
 	wl := e.Sim.WorkloadClient()
 
-	// A CoreDNS pod on every node, so whichever machine goes first has a pod
-	// to evict and its node is cordoned (a node with nothing to evict is not).
-	dep := &appsv1.Deployment{}
-	if err := wl.Get(ctx, client.ObjectKey{Namespace: metav1.NamespaceSystem, Name: "coredns"}, dep); err != nil {
+	// A pod on every node, so whichever machine goes first has a pod to
+	// evict and its node is cordoned (a node with nothing to evict is not).
+	// The simulator's kubelet stand-in runs the add-ons' pods alone: the test
+	// ends these when they are evicted, as a kubelet would.
+	nodes := &corev1.NodeList{}
+	if err := wl.List(ctx, nodes); err != nil {
 		t.Fatal(err)
 	}
-	dep.Spec.Replicas = ptr.To(int32(3))
-	if err := wl.Update(ctx, dep); err != nil {
-		t.Fatal(err)
-	}
-	simtest.Eventually(t, time.Minute, "a CoreDNS pod on each of the three nodes", func(ctx context.Context) (bool, string, error) {
-		pods := &corev1.PodList{}
-		if err := wl.List(ctx, pods, client.InNamespace(metav1.NamespaceSystem), client.MatchingLabels{"k8s-app": "kube-dns"}); err != nil {
-			return false, "", err
+	for _, n := range nodes.Items {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: "evictable-" + n.Name, OwnerReferences: []metav1.OwnerReference{
+				{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "app", UID: "u", Controller: ptr.To(true)}}},
+			Spec: corev1.PodSpec{NodeName: n.Name, Containers: []corev1.Container{{Name: "app", Image: "app"}}},
 		}
-		nodes := map[string]bool{}
-		for _, p := range pods.Items {
-			if p.DeletionTimestamp == nil && p.Spec.NodeName != "" {
-				nodes[p.Spec.NodeName] = true
+		if err := wl.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go func() {
+		for ctx.Err() == nil {
+			pods := &corev1.PodList{}
+			_ = wl.List(ctx, pods, client.InNamespace(metav1.NamespaceDefault))
+			for i := range pods.Items {
+				if p := &pods.Items[i]; p.DeletionTimestamp != nil {
+					_ = wl.Delete(ctx, p, client.GracePeriodSeconds(0))
+				}
 			}
+			time.Sleep(200 * time.Millisecond)
 		}
-		return len(nodes) == 3, strings.Join(slices.Sorted(maps.Keys(nodes)), ", "), nil
-	})
+	}()
 
 	g := openGate(t, e, admissionregistrationv1.Delete, func(*admissionv1.AdmissionRequest) bool { return true })
 	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
