@@ -86,7 +86,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	if o.fleet() {
 		return o.runFleet(ctx)
 	}
-	engine, closeEngine, err := o.connect(ctx, readOnly(o.Streams.ErrOut))
+	engine, closeEngine, err := o.connect(ctx, viewOnly(o.Streams.ErrOut))
 	if err != nil {
 		return err
 	}
@@ -175,7 +175,10 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 		}
 		fmt.Fprintln(w, row)
 	}
-	if st.EtcdManaged {
+	switch {
+	case st.ManagementOnly:
+		fmt.Fprintln(w, "\nETCD\tnot read: the workload cluster was not reached (see the warning on stderr)")
+	case st.EtcdManaged:
 		fmt.Fprintln(w)
 		header = "ETCD MEMBER\tID\tLEADER\tHEALTHY\tLEARNER\tDB SIZE\tALARMS"
 		if wide {
@@ -190,7 +193,7 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 			}
 			fmt.Fprintln(w, row)
 		}
-	} else {
+	default:
 		fmt.Fprintln(w, "\nETCD\texternal (not managed by the control plane)")
 	}
 	for _, e := range st.Errors {
