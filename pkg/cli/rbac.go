@@ -139,7 +139,14 @@ func (o *RBACOptions) Run(context.Context) error {
 		}
 		docs = append(docs, bindings...)
 	}
-	_, err := o.Streams.Out.Write(bytes.Join(docs, []byte("---\n")))
+	// Each document opens with a separator, so the outputs of several runs
+	// (one per cluster) concatenate into one stream for kubectl apply.
+	var out bytes.Buffer
+	for _, doc := range docs {
+		out.WriteString("---\n")
+		out.Write(doc)
+	}
+	_, err := out.WriteTo(o.Streams.Out)
 	return err
 }
 

@@ -85,6 +85,11 @@ func TestRBACPrintsWhatThePreflightChecks(t *testing.T) {
 	if !strings.Contains(r.out, "# get: the CustomResourceDefinition") {
 		t.Errorf("the ClusterRoles are printed without their comments:\n%s", r.out)
 	}
+	// Two runs' outputs, one after the other, are still one object per
+	// document: each opens with its separator.
+	if docs := decodeAll(t, r.out+r.out); len(docs["ClusterRole"]) != 4 {
+		t.Errorf("two outputs concatenated: %d ClusterRoles, want 4", len(docs["ClusterRole"]))
+	}
 
 	r = run(t, "rbac", "eu1", "-n", "capi-prod")
 	docs := decodeAll(t, r.out)
