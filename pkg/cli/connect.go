@@ -133,6 +133,13 @@ func (c *connection) preflight(ctx context.Context, mgmt client.Client, use engi
 	if len(unreadable) == 0 {
 		return true, nil
 	}
+	return false, c.withoutWorkload(use, identity, scope, unreadable)
+}
+
+// withoutWorkload says that identity may not read the workload cluster's
+// Secrets: a warning when the verb can show the management cluster's half
+// (status), a refusal otherwise, as its steps depend on the workload side.
+func (c *connection) withoutWorkload(use engineUse, identity string, scope access.Scope, unreadable []access.Permission) error {
 	if identity == "" {
 		identity = "this identity"
 	}
@@ -145,9 +152,9 @@ func (c *connection) preflight(ctx context.Context, mgmt client.Client, use engi
 	if use.managementOnly {
 		fmt.Fprintf(use.warnings, "warning: showing the management cluster only: the workload cluster's nodes and etcd members need read access to %s, which %s lacks (%s)\n",
 			secretsOf, identity, grant)
-		return false, nil
+		return nil
 	}
-	return false, exitcode.Forbiddenf("%s may not read %s: this command decides its steps on the workload cluster's nodes and etcd health, which it reaches through them (%s)",
+	return exitcode.Forbiddenf("%s may not read %s: this command decides its steps on the workload cluster's nodes and etcd health, which it reaches through them (%s)",
 		identity, secretsOf, grant)
 }
 
