@@ -42,7 +42,10 @@ func NewCmdStatus(root *RootOptions, runF func(*StatusOptions) error) *cobra.Com
 		Long: `Show the KubeadmControlPlane of CLUSTER (version, replicas, pause and this
 tool's operation record), who holds the lock, the control-plane machines and
 the etcd members, and the step a rollout would take next. Read-only: it takes
-no lock and works while a rollout runs.
+no lock and works while a rollout runs. An identity that may not read the
+cluster's <cluster>-kubeconfig and <cluster>-etcd Secrets (cp-rollout-view
+alone) sees the management cluster's half, without nodes, etcd members or the
+next step, and a warning on stderr; the exit code is still 0.
 
 With -l SELECTOR or -A instead of CLUSTER: one row per cluster (version,
 machines up to date, pause and by whom, lock holder, operation in progress
