@@ -44,36 +44,36 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 	if holder != "" {
 		done = append(done, "released the lock held by "+holder)
 	}
-	nothing := "KubeadmControlPlane " + cp.KCP.Name + " carries no operation of this tool: nothing to hand back"
-	if rec == nil {
-		return append(done, nothing), nil
-	}
 	// The unpause is made under the lock, on a fresh read: a run that took
 	// the cluster since the read above (the lock was free, or just broken)
 	// is refused here instead of being unpaused under its feet, and a run
-	// that starts now waits for this one.
+	// that starts now waits for this one. Under the lock too, the nodes an
+	// earlier run cordoned and never gave back are uncordoned.
 	var handedBack bool
-	var uncordoned string
 	err = e.holding(ctx, func(ctx context.Context) error {
 		if cp, err = e.ControlPlane.Read(ctx); err != nil {
 			return err
 		}
-		if rec, err = controlplane.RecordOf(cp.KCP); err != nil || rec == nil {
+		if rec, err = controlplane.RecordOf(cp.KCP); err != nil {
 			return err
 		}
-		if err := PausedBySomeoneElse(NewSnapshot(cp)); err != nil {
-			return err
+		if rec != nil {
+			if err := PausedBySomeoneElse(NewSnapshot(cp)); err != nil {
+				return err
+			}
+			if err := e.ControlPlane.Resume(ctx, cp.KCP); err != nil {
+				return err
+			}
+			handedBack = true
+			done = append(done, fmt.Sprintf("unpaused KubeadmControlPlane %s and removed the record of %s", cp.KCP.Name, rec))
 		}
-		handedBack = true
-		if err := e.ControlPlane.Resume(ctx, cp.KCP); err != nil {
-			return err
-		}
-		nodes, err := e.giveBackCordoned(ctx, cp)
-		if err != nil {
-			return fmt.Errorf("unpaused KubeadmControlPlane %s, but giving back the nodes an earlier run cordoned failed (kubectl uncordon them once the workload cluster answers): %w", cp.KCP.Name, err)
-		}
-		if len(nodes) > 0 {
-			uncordoned = "uncordoned node(s) " + strings.Join(nodes, ", ") + ", cordoned by a run that stopped before deleting their machines"
+		// Not a failure of the hand-back: a workload cluster that does not
+		// answer now is said, with the way to finish later.
+		switch nodes, err := e.giveBackCordoned(ctx, cp); {
+		case err != nil:
+			done = append(done, fmt.Sprintf("could not check for nodes an earlier run left cordoned (%v): run handback again once the workload cluster answers", err))
+		case len(nodes) > 0:
+			done = append(done, "uncordoned node(s) "+strings.Join(nodes, ", ")+", cordoned by a run that stopped before deleting their machines")
 		}
 		return nil
 	})
@@ -81,11 +81,7 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 		return nil, err
 	}
 	if !handedBack {
-		return append(done, nothing), nil // another run finished it meanwhile
-	}
-	done = append(done, fmt.Sprintf("unpaused KubeadmControlPlane %s and removed the record of %s", cp.KCP.Name, rec))
-	if uncordoned != "" {
-		done = append(done, uncordoned)
+		return append(done, "KubeadmControlPlane "+cp.KCP.Name+" carries no operation of this tool: nothing to hand back"), nil
 	}
 
 	// What KCP faces now, in its own terms.

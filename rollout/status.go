@@ -31,6 +31,11 @@ type Status struct {
 	// LastOperation is the last operation this tool finished on the cluster
 	// (its record, moved at hand-back), whoever ran it.
 	LastOperation *controlplane.Record `json:"lastOperation,omitempty"`
+	// ManagementOnly is true when the workload cluster was not read (the
+	// identity may not read its Secrets): machines are as the management
+	// cluster has them, with no problem found on their nodes, no etcd
+	// members and no next step, which depends on their health.
+	ManagementOnly bool `json:"managementOnly,omitempty"`
 }
 
 // ControlPlaneStatus describes the KubeadmControlPlane.
@@ -104,7 +109,8 @@ type NextStatus struct {
 
 // Status reads the control plane without changing anything and without the
 // lock, so it works while a rollout runs. The management cluster must answer;
-// what the workload cluster or etcd cannot tell is listed in Errors.
+// what the workload cluster or etcd cannot tell is listed in Errors. An
+// engine without a Workload shows the management cluster's half.
 func (e *Engine) Status(ctx context.Context) (*Status, error) {
 	cp, err := e.firstControlPlane(ctx)
 	if err != nil {
@@ -133,10 +139,15 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 		st.Lock = LockOf(lease, time.Now())
 	}
 
-	s, readErr := e.Read(ctx)
-	if readErr != nil {
-		st.Errors = append(st.Errors, readErr.Error())
-		s = NewSnapshot(cp)
+	// live says whether s holds the workload cluster's nodes and etcd
+	// members too, which a machine's problem and the next step depend on.
+	s, live := NewSnapshot(cp), false
+	if e.Workload == nil {
+		st.ManagementOnly = true
+	} else if read, err := e.Read(ctx); err != nil {
+		st.Errors = append(st.Errors, err.Error())
+	} else {
+		s, live = read, true
 	}
 	st.EtcdManaged = s.EtcdManaged
 	for _, m := range s.CP.Machines.SortedByCreationTimestamp() {
@@ -145,7 +156,7 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 			Phase: m.Status.Phase, UpToDate: !s.CP.MachinesNotUpToDate.Has(m), Deleting: !m.DeletionTimestamp.IsZero(),
 			Created: m.CreationTimestamp.Time,
 		}
-		if readErr == nil && !ms.Deleting {
+		if live && !ms.Deleting {
 			if err := Problem(s, m); err != nil {
 				ms.Problem = err.Error()
 			}
@@ -158,7 +169,7 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 			DBSize: m.DBSize, Version: m.Version, Alarms: append([]string{}, m.Alarms...), Errors: m.Errors,
 		})
 	}
-	if readErr == nil {
+	if live {
 		step := Next(ctx, s, Target{Replicas: Replicas(s), MaxSurge: KCPMaxSurge(s.CP.KCP)})
 		st.Next = &NextStatus{Action: string(step.Action), Machine: machineName(step.Machine), Reason: step.Reason}
 	}

@@ -1,8 +1,8 @@
 // Package access answers "may the identity running the tool do everything an
 // operation needs on the management cluster?" before the operation changes
 // anything. It asks the API server about each permission of the operation's
-// ClusterRole in deploy/rbac, narrowed to the one cluster the operation works
-// on (see Missing). A rollout that stops half-way for a missing permission
+// roles in deploy/rbac, its ClusterRole and the Role of the one cluster the
+// operation works on (see Needs, Missing). A rollout that stops half-way for a missing permission
 // is the worst way to learn of it.
 package access
 
@@ -20,8 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/secret"
 
+	"github.com/cp-rollout/cp-rollout/deploy/rbac"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 )
 
@@ -67,8 +67,9 @@ type Scope struct {
 	// (e.g. awsmachines and awsmachinetemplates); they stand for the roles'
 	// "*" in the infrastructure group. Empty keeps the "*".
 	InfraMachines, InfraMachineTemplates string
-	// WithoutControllerLookup leaves out the Deployments list that finds the
-	// KCP controller's version, which --kcp-version makes unnecessary.
+	// WithoutControllerLookup leaves out the read of the KCP controller's
+	// Deployment that finds its version, which --kcp-version makes
+	// unnecessary.
 	WithoutControllerLookup bool
 }
 
@@ -79,23 +80,44 @@ var clusterScoped = map[schema.GroupResource]bool{
 
 var (
 	secrets     = schema.GroupResource{Resource: "secrets"}
-	leases      = schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
 	deployments = schema.GroupResource{Group: "apps", Resource: "deployments"}
 )
 
-// Needs lists the permissions role grants as the tool uses them on one
-// cluster: in the cluster's namespace, the two Secrets and the Lease by name
-// (so a Role with resourceNames passes), CRDs and the KCP controller's
-// Deployment cluster-wide, and the infrastructure wildcard as the provider's
-// own resources.
-func Needs(role *rbacv1.ClusterRole, s Scope) []Permission {
+// Needs lists the permissions of a use's two roles as the tool uses them on
+// one cluster: the cluster's Role in its namespace, by the names it lists
+// (its two Secrets, its Lease); the ClusterRole's rules in all namespaces,
+// but the KCP controller's Deployment in the namespace the tool reads it in;
+// and the infrastructure wildcard as the provider's own resources.
+func Needs(use rbac.Use, s Scope) ([]Permission, error) {
+	role, err := use.Role(s.Namespace, s.Cluster)
+	if err != nil {
+		return nil, err
+	}
+	out := s.expandRules(use.ClusterRole().Rules, "")
+	return append(out, s.expandRules(role.Rules, role.Namespace)...), nil
+}
+
+// WorkloadNeeds are the permissions that reach the workload cluster: reading
+// its two Secrets, as cp-rollout-operate's Role of the cluster grants them
+// and cp-rollout-view's does not.
+func WorkloadNeeds(s Scope) ([]Permission, error) {
+	all, err := Needs(rbac.Operate, s)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(all, func(p Permission) bool {
+		return (schema.GroupResource{Group: p.Group, Resource: p.Resource}) != secrets
+	}), nil
+}
+
+func (s Scope) expandRules(rules []rbacv1.PolicyRule, namespace string) []Permission {
 	var out []Permission
-	for _, rule := range role.Rules {
+	for _, rule := range rules {
 		for _, group := range rule.APIGroups {
 			for _, resource := range rule.Resources {
 				gr := schema.GroupResource{Group: group, Resource: resource}
 				for _, verb := range rule.Verbs {
-					out = append(out, s.expand(verb, gr)...)
+					out = append(out, s.expand(Permission{Verb: verb, Group: group, Resource: resource, Namespace: namespace}, gr, rule.ResourceNames)...)
 				}
 			}
 		}
@@ -103,20 +125,7 @@ func Needs(role *rbacv1.ClusterRole, s Scope) []Permission {
 	return out
 }
 
-func (s Scope) expand(verb string, gr schema.GroupResource) []Permission {
-	p := Permission{Verb: verb, Group: gr.Group, Resource: gr.Resource, Namespace: s.Namespace}
-	named := func(names ...string) []Permission {
-		// A create is authorized before its object has a name.
-		if verb == "create" {
-			return []Permission{p}
-		}
-		out := make([]Permission, len(names))
-		for i, name := range names {
-			out[i] = p
-			out[i].Name = name
-		}
-		return out
-	}
+func (s Scope) expand(p Permission, gr schema.GroupResource, names []string) []Permission {
 	switch {
 	case clusterScoped[gr]:
 		p.Namespace = ""
@@ -124,11 +133,7 @@ func (s Scope) expand(verb string, gr schema.GroupResource) []Permission {
 		if s.WithoutControllerLookup {
 			return nil
 		}
-		p.Namespace = "" // the controller may run in any namespace
-	case gr == secrets:
-		return named(secret.Name(s.Cluster, secret.Kubeconfig), secret.Name(s.Cluster, secret.EtcdCA))
-	case gr == leases:
-		return named(controlplane.LeaseName(s.Cluster))
+		p.Namespace = controlplane.KCPControllerNamespace
 	case gr.Group == infrastructureGroup && gr.Resource == "*":
 		// The InfraMachine resource takes every verb the rule grants; its
 		// template is only read and watched (the caches' informers list
@@ -138,14 +143,22 @@ func (s Scope) expand(verb string, gr schema.GroupResource) []Permission {
 		if s.InfraMachines != "" {
 			out[0].Resource = s.InfraMachines
 		}
-		if (verb == "get" || verb == "watch") && s.InfraMachineTemplates != "" {
+		if (p.Verb == "get" || p.Verb == "watch") && s.InfraMachineTemplates != "" {
 			t := p
 			t.Resource = s.InfraMachineTemplates
 			out = append(out, t)
 		}
 		return out
 	}
-	return []Permission{p}
+	if len(names) == 0 {
+		return []Permission{p}
+	}
+	out := make([]Permission, len(names))
+	for i, name := range names {
+		out[i] = p
+		out[i].Name = name
+	}
+	return out
 }
 
 // infrastructureGroup is where Cluster API providers serve their machines;
@@ -208,19 +221,20 @@ func Missing(ctx context.Context, c client.Client, perms []Permission) ([]Permis
 	return missing, nil
 }
 
-// namespaceRules reviews the rules of the one namespace perms are in and
-// returns what they grant; nothing when perms span several namespaces or the
-// review fails (each permission is then asked on its own).
+// namespaceRules reviews the rules of the namespace most of perms are in
+// and returns what they grant there; nothing when none is in a namespace or
+// the review fails (each permission is then asked on its own).
 func namespaceRules(ctx context.Context, c client.Client, perms []Permission) func(Permission) bool {
 	none := func(Permission) bool { return false }
+	count := map[string]int{}
 	namespace := ""
 	for _, p := range perms {
-		switch {
-		case p.Namespace == "":
-		case namespace == "":
+		if p.Namespace == "" {
+			continue
+		}
+		count[p.Namespace]++
+		if count[p.Namespace] > count[namespace] {
 			namespace = p.Namespace
-		case p.Namespace != namespace:
-			return none
 		}
 	}
 	if namespace == "" {
@@ -260,15 +274,25 @@ func Identity(ctx context.Context, c client.Client) string {
 }
 
 // Describe says what is missing for an operation, one permission a line
-// after a line naming who lacks them and the role that grants them.
-func Describe(identity, operation, role string, missing []Permission) string {
+// after a line naming who lacks them and the roles that grant them.
+func Describe(identity, operation string, use rbac.Use, s Scope, missing []Permission) string {
 	if identity == "" {
 		identity = "this identity"
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s lacks %d permission(s) that %s needs on the management cluster (ClusterRole %s in deploy/rbac grants them):", identity, len(missing), operation, role)
+	fmt.Fprintf(&b, "%s lacks %d permission(s) that %s needs on the management cluster (%s grant them; %s prints them):", identity, len(missing), operation, Roles(use, s), PrintRoles(s))
 	for _, p := range missing {
 		b.WriteString("\n  cannot " + p.String())
 	}
 	return b.String()
+}
+
+// Roles names the two roles of a use for one cluster.
+func Roles(use rbac.Use, s Scope) string {
+	return fmt.Sprintf("ClusterRole %s and Role %s in namespace %s", use.Name, use.RoleName(s.Cluster), s.Namespace)
+}
+
+// PrintRoles is the command that prints the roles of one cluster.
+func PrintRoles(s Scope) string {
+	return fmt.Sprintf("`kubectl cp-rollout rbac %s -n %s`", s.Cluster, s.Namespace)
 }

@@ -20,15 +20,26 @@ func strs(perms []Permission) []string {
 	return out
 }
 
+func needs(t *testing.T, use rbac.Use, s Scope) []string {
+	t.Helper()
+	perms, err := Needs(use, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strs(perms)
+}
+
 // TestNeedsNarrowsTheRolesToOneCluster: the roles' permissions are asked
-// where the tool uses them, so a Role confined to the cluster's namespace, or
-// to its two Secrets and its Lease by name, passes the preflight.
+// where the tool uses them: the cluster's Role in its namespace and by the
+// names it lists, the ClusterRole cluster-wide but the KCP controller's
+// Deployment in its own namespace.
 func TestNeedsNarrowsTheRolesToOneCluster(t *testing.T) {
 	scope := Scope{Namespace: "capi-prod", Cluster: "eu1",
 		InfraMachines: "awsmachines", InfraMachineTemplates: "awsmachinetemplates"}
-	got := strs(Needs(rbac.Operate(), scope))
+	got := needs(t, rbac.Operate, scope)
 	for _, want := range []string{
 		"get clusters.cluster.x-k8s.io in namespace capi-prod",
+		"list clusters.cluster.x-k8s.io in all namespaces",
 		"watch machines.cluster.x-k8s.io in namespace capi-prod",
 		"patch kubeadmcontrolplanes.controlplane.cluster.x-k8s.io in namespace capi-prod",
 		"create awsmachines.infrastructure.cluster.x-k8s.io in namespace capi-prod",
@@ -39,7 +50,7 @@ func TestNeedsNarrowsTheRolesToOneCluster(t *testing.T) {
 		"update leases.coordination.k8s.io cp-rollout-eu1 in namespace capi-prod",
 		"get secrets eu1-kubeconfig in namespace capi-prod",
 		"get secrets eu1-etcd in namespace capi-prod",
-		"list deployments.apps in all namespaces",
+		"get deployments.apps capi-kubeadm-control-plane-controller-manager in namespace capi-kubeadm-control-plane-system",
 	} {
 		if !slices.Contains(got, want) {
 			t.Errorf("operate needs no %q; it needs:\n%s", want, strings.Join(got, "\n"))
@@ -49,10 +60,13 @@ func TestNeedsNarrowsTheRolesToOneCluster(t *testing.T) {
 		if strings.Contains(p, "*") || strings.Contains(p, "create awsmachinetemplates") {
 			t.Errorf("operate needs %q: the template is only read, and no wildcard is asked once the kinds are known", p)
 		}
+		if strings.HasPrefix(p, "update leases") && !strings.Contains(p, "cp-rollout-eu1 in namespace capi-prod") {
+			t.Errorf("operate needs %q: only the cluster's own Lease is written", p)
+		}
 	}
 
 	scope.WithoutControllerLookup = true
-	for _, p := range strs(Needs(rbac.Operate(), scope)) {
+	for _, p := range needs(t, rbac.Operate, scope) {
 		if strings.Contains(p, "deployments.apps") {
 			t.Errorf("with --kcp-version the controller's Deployment is not looked up, yet %q is asked", p)
 		}
@@ -60,8 +74,30 @@ func TestNeedsNarrowsTheRolesToOneCluster(t *testing.T) {
 
 	// Kinds not known (the KubeadmControlPlane could not be read): the
 	// wildcard is asked as the role grants it.
-	if got := strs(Needs(rbac.View(), Scope{Namespace: "default", Cluster: "demo"})); !slices.Contains(got, "get *.infrastructure.cluster.x-k8s.io in namespace default") {
-		t.Errorf("view without known kinds: %v", got)
+	view := needs(t, rbac.View, Scope{Namespace: "default", Cluster: "demo"})
+	if !slices.Contains(view, "get *.infrastructure.cluster.x-k8s.io in namespace default") {
+		t.Errorf("view without known kinds: %v", view)
+	}
+	for _, p := range view {
+		if strings.Contains(p, "secrets") {
+			t.Errorf("view needs %q: it reads no Secret", p)
+		}
+	}
+}
+
+// TestWorkloadNeedsTheTwoSecrets: reaching the workload cluster is reading
+// its two Secrets by name, nothing else.
+func TestWorkloadNeedsTheTwoSecrets(t *testing.T) {
+	perms, err := WorkloadNeeds(Scope{Namespace: "default", Cluster: "demo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"get secrets demo-kubeconfig in namespace default", "get secrets demo-etcd in namespace default"}
+	if got := strs(perms); !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	if _, err := WorkloadNeeds(Scope{Namespace: "default", Cluster: "Demo"}); err == nil {
+		t.Error("a cluster name the API server would refuse was accepted")
 	}
 }
 
@@ -87,13 +123,13 @@ func TestInfraResources(t *testing.T) {
 }
 
 func TestDescribeOneLineEach(t *testing.T) {
-	got := Describe("", "a rollout", "cp-rollout-operate", []Permission{
+	got := Describe("", "a rollout", rbac.Operate, Scope{Namespace: "default", Cluster: "demo"}, []Permission{
 		{Verb: "get", Resource: "secrets", Namespace: "default", Name: "demo-etcd"},
-		{Verb: "list", Group: "apps", Resource: "deployments"},
+		{Verb: "list", Group: "cluster.x-k8s.io", Resource: "clusters"},
 	})
-	want := "this identity lacks 2 permission(s) that a rollout needs on the management cluster (ClusterRole cp-rollout-operate in deploy/rbac grants them):\n" +
+	want := "this identity lacks 2 permission(s) that a rollout needs on the management cluster (ClusterRole cp-rollout-operate and Role cp-rollout-operate-demo in namespace default grant them; `kubectl cp-rollout rbac demo -n default` prints them):\n" +
 		"  cannot get secrets demo-etcd in namespace default\n" +
-		"  cannot list deployments.apps in all namespaces"
+		"  cannot list clusters.cluster.x-k8s.io in all namespaces"
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}

@@ -108,7 +108,7 @@ func (o *changeOptions) runOne(ctx context.Context, reporter progress.Reporter) 
 // converge connects, checks the request against the cluster and runs the
 // rollout loop until the control plane matches it.
 func (o *changeOptions) converge(ctx context.Context, reporter progress.Reporter) error {
-	engine, closeEngine, err := o.connect(ctx, engineUse{loop: true, reporter: reporter, timeouts: o.Timeouts, access: rbac.Operate()})
+	engine, closeEngine, err := o.connect(ctx, engineUse{loop: true, reporter: reporter, timeouts: o.Timeouts, access: &rbac.Operate})
 	if err != nil {
 		return err
 	}

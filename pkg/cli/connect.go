@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"slices"
 	"strings"
 
 	"github.com/spf13/pflag"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
@@ -84,13 +84,16 @@ func (c *connection) validateEtcdEndpoint() error {
 }
 
 // preflight asks the API server whether this identity has every permission
-// of use.access on this cluster, once the KubeadmControlPlane has said which
-// infrastructure resources its machines are made of (kcp nil: not known, the
-// role's wildcard is asked). Missing permissions are a refusal naming each,
-// or warnings for a verb that changes nothing.
-func (c *connection) preflight(ctx context.Context, mgmt client.Client, use engineUse, kcp *controlplanev1.KubeadmControlPlane) error {
+// of use.access's roles on this cluster, once the KubeadmControlPlane has said
+// which infrastructure resources its machines are made of (kcp nil: not
+// known, the roles' wildcard is asked). Missing permissions are a refusal
+// naming each, or warnings for a verb that changes nothing. A verb that
+// changes nothing is also asked whether it may read the workload cluster's
+// Secrets, which cp-rollout-view does not grant: workload is false when it
+// may not and the verb can do without (status); otherwise that is a refusal.
+func (c *connection) preflight(ctx context.Context, mgmt client.Client, use engineUse, kcp *controlplanev1.KubeadmControlPlane) (workload bool, err error) {
 	if use.access == nil {
-		return nil
+		return true, nil
 	}
 	scope := access.Scope{Namespace: c.Namespace, Cluster: c.Cluster, WithoutControllerLookup: c.KCPVersion != ""}
 	if kcp != nil {
@@ -103,22 +106,67 @@ func (c *connection) preflight(ctx context.Context, mgmt client.Client, use engi
 			return m.Resource.Resource, nil
 		})
 	}
-	missing, err := access.Missing(ctx, mgmt, access.Needs(use.access, scope))
-	if err != nil || len(missing) == 0 {
-		return err
+	perms, err := access.Needs(*use.access, scope)
+	if err != nil {
+		return false, exitcode.Usagef("%v", err)
 	}
-	operation := "this command"
-	if use.loop {
-		operation = "a rollout"
-	}
-	report := access.Describe(access.Identity(ctx, mgmt), operation, use.access.Name, missing)
+	var secrets []access.Permission
 	if use.warnings != nil {
+		if secrets, err = access.WorkloadNeeds(scope); err != nil {
+			return false, exitcode.Usagef("%v", err)
+		}
+	}
+	// One question for both: the Secrets are in the namespace most of the
+	// role's permissions are, whose rules the API server reviews at once.
+	missing, err := access.Missing(ctx, mgmt, append(perms, secrets...))
+	if err != nil {
+		return false, err
+	}
+	unreadable := slices.DeleteFunc(slices.Clone(missing), func(p access.Permission) bool { return !slices.Contains(secrets, p) })
+	missing = slices.DeleteFunc(missing, func(p access.Permission) bool { return slices.Contains(secrets, p) })
+	identity := ""
+	if len(missing) > 0 || len(unreadable) > 0 {
+		identity = access.Identity(ctx, mgmt)
+	}
+	if len(missing) > 0 {
+		operation := "this command"
+		if use.loop {
+			operation = "a rollout"
+		}
+		report := access.Describe(identity, operation, *use.access, scope, missing)
+		if use.warnings == nil {
+			return false, exitcode.Forbiddenf("%s", report)
+		}
 		for _, line := range strings.Split(report, "\n") {
 			fmt.Fprintln(use.warnings, "warning: "+strings.TrimSpace(line))
 		}
+	}
+	if len(unreadable) == 0 {
+		return true, nil
+	}
+	return false, c.withoutWorkload(use, identity, scope, unreadable)
+}
+
+// withoutWorkload says that identity may not read the workload cluster's
+// Secrets: a warning when the verb can show the management cluster's half
+// (status), a refusal otherwise, as its steps depend on the workload side.
+func (c *connection) withoutWorkload(use engineUse, identity string, scope access.Scope, unreadable []access.Permission) error {
+	if identity == "" {
+		identity = "this identity"
+	}
+	names := make([]string, len(unreadable))
+	for i, p := range unreadable {
+		names[i] = p.Name
+	}
+	secretsOf := fmt.Sprintf("Secrets %s in namespace %s", strings.Join(names, " and "), c.Namespace)
+	grant := fmt.Sprintf("Role %s grants it; %s prints it", rbac.Operate.RoleName(c.Cluster), access.PrintRoles(scope))
+	if use.managementOnly {
+		fmt.Fprintf(use.warnings, "warning: showing the management cluster only: the workload cluster's nodes and etcd members need read access to %s, which %s lacks (%s)\n",
+			secretsOf, identity, grant)
 		return nil
 	}
-	return exitcode.Forbiddenf("%s", report)
+	return exitcode.Forbiddenf("%s may not read %s: this command decides its steps on the workload cluster's nodes and etcd health, which it reaches through them (%s)",
+		identity, secretsOf, grant)
 }
 
 func directDialer(endpointTemplate string) (etcd.Dialer, error) {
@@ -147,22 +195,35 @@ type engineUse struct {
 	loop     bool
 	reporter progress.Reporter
 	timeouts rollout.Timeouts
-	// access is the ClusterRole of deploy/rbac whose permissions the verb
+	// access is the use of deploy/rbac whose roles' permissions the verb
 	// needs, checked before anything is locked or changed; nil checks none.
-	access *rbacv1.ClusterRole
+	access *rbac.Use
 	// warnings, when set, receives missing permissions as warnings, and the
 	// verb goes on to show what it can; when nil they are a refusal.
 	warnings io.Writer
+	// managementOnly lets a verb go on without the workload cluster when this
+	// identity may not read its Secrets: the engine then has no Workload and
+	// no Etcd. Without it, a verb that changes nothing refuses.
+	managementOnly bool
 }
 
 // noLoop is for handback, which needs no preflight: each of its two writes
 // stands alone, so one refused leaves nothing half-done.
 var noLoop = engineUse{timeouts: rollout.DefaultTimeouts}
 
-// readOnly is for the verbs that change nothing (status, plan and every
-// --dry-run): they warn of what they may not read.
+// readOnly is for plan and every --dry-run, which change nothing: they warn
+// of what they may not read on the management cluster, and refuse without
+// the workload cluster, as their steps depend on its etcd's health.
 func readOnly(warnings io.Writer) engineUse {
-	return engineUse{timeouts: rollout.DefaultTimeouts, access: rbac.View(), warnings: warnings}
+	return engineUse{timeouts: rollout.DefaultTimeouts, access: &rbac.View, warnings: warnings}
+}
+
+// viewOnly is for status: readOnly, and without the cluster's Secrets it
+// shows the management cluster's half.
+func viewOnly(warnings io.Writer) engineUse {
+	use := readOnly(warnings)
+	use.managementOnly = true
+	return use
 }
 
 // connect builds the rollout engine for one cluster: an uncached management
@@ -197,13 +258,14 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 		err = c.firstContact(ctx, err)
 		// A refused read is the first of the missing permissions: list them all.
 		if apierrors.IsForbidden(err) {
-			if perr := c.preflight(ctx, mgmt, use, nil); perr != nil {
+			if _, perr := c.preflight(ctx, mgmt, use, nil); perr != nil {
 				return nil, nil, perr
 			}
 		}
 		return nil, nil, err
 	}
-	if err := c.preflight(ctx, mgmt, use, state.KCP); err != nil {
+	reachWorkload, err := c.preflight(ctx, mgmt, use, state.KCP)
+	if err != nil {
 		return nil, nil, err
 	}
 
@@ -219,14 +281,20 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 		}
 	}
 
+	engine := &rollout.Engine{ControlPlane: cp, Reporter: use.reporter, Timeouts: use.timeouts, Connected: state,
+		Requests: func() progress.Requests {
+			return progress.Requests{Management: counted.management.Load(), Workload: counted.workload.Load(), Etcd: counted.etcd.Load()}
+		}}
+	if !reachWorkload {
+		// The preflight has said why; the Secrets are not even asked for, so
+		// the audit log shows no refused read of them.
+		return engine, func() {}, nil
+	}
 	wl, err := workload.New(ctx, mgmt, c.Namespace, c.Cluster, counted.workload.Wrap, fence.Wrap)
 	if err != nil {
 		return nil, nil, exitcode.New(exitcode.Unsafe, err)
 	}
-	engine := &rollout.Engine{ControlPlane: cp, Workload: wl, Reporter: use.reporter, Timeouts: use.timeouts, Connected: state,
-		Requests: func() progress.Requests {
-			return progress.Requests{Management: counted.management.Load(), Workload: counted.workload.Load(), Etcd: counted.etcd.Load()}
-		}}
+	engine.Workload = wl
 	closers := []func(){}
 	cleanup := func() {
 		for i := len(closers) - 1; i >= 0; i-- {

@@ -156,7 +156,9 @@ func NewCmdPlan(root *RootOptions, runF func(*PlanOptions) error) *cobra.Command
 		Long: `Show, in order, the steps that upgrade, scale or replace would take on CLUSTER
 now, each with its reason, as the rollout loop itself would decide them. Nothing
 is changed and no lock is taken. upgrade, scale and replace with --dry-run print
-the same plan. With -l/-A, each matching cluster's plan is printed in turn.`,
+the same plan. With -l/-A, each matching cluster's plan is printed in turn.
+A plan depends on etcd's health and the nodes: without read access to the
+cluster's two Secrets (see "kubectl cp-rollout rbac") it is refused, exit 6.`,
 		Example: `  kubectl cp-rollout plan prod-eu1 --version v1.36.3
   kubectl cp-rollout plan prod-eu1 --replicas 5 -o json
   kubectl cp-rollout plan prod-eu1 --version v1.36.3 --exit-code || echo "rollout pending"`,

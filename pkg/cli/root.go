@@ -129,6 +129,7 @@ control-plane machine, never lose etcd quorum).`,
 		NewCmdPlan(o, nil),
 		NewCmdStatus(o, nil),
 		NewCmdHandback(o, nil),
+		NewCmdRBAC(o, nil),
 		NewCmdVersion(streams, nil),
 		NewCmdCompletion(streams, nil),
 	)

@@ -42,7 +42,10 @@ func NewCmdStatus(root *RootOptions, runF func(*StatusOptions) error) *cobra.Com
 		Long: `Show the KubeadmControlPlane of CLUSTER (version, replicas, pause and this
 tool's operation record), who holds the lock, the control-plane machines and
 the etcd members, and the step a rollout would take next. Read-only: it takes
-no lock and works while a rollout runs.
+no lock and works while a rollout runs. An identity that may not read the
+cluster's <cluster>-kubeconfig and <cluster>-etcd Secrets (cp-rollout-view
+alone) sees the management cluster's half, without nodes, etcd members or the
+next step, and a warning on stderr; the exit code is still 0.
 
 With -l SELECTOR or -A instead of CLUSTER: one row per cluster (version,
 machines up to date, pause and by whom, lock holder, operation in progress
@@ -86,7 +89,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	if o.fleet() {
 		return o.runFleet(ctx)
 	}
-	engine, closeEngine, err := o.connect(ctx, readOnly(o.Streams.ErrOut))
+	engine, closeEngine, err := o.connect(ctx, viewOnly(o.Streams.ErrOut))
 	if err != nil {
 		return err
 	}
@@ -175,7 +178,10 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 		}
 		fmt.Fprintln(w, row)
 	}
-	if st.EtcdManaged {
+	switch {
+	case st.ManagementOnly:
+		fmt.Fprintln(w, "\nETCD\tnot read: the workload cluster was not reached (see the warning on stderr)")
+	case st.EtcdManaged:
 		fmt.Fprintln(w)
 		header = "ETCD MEMBER\tID\tLEADER\tHEALTHY\tLEARNER\tDB SIZE\tALARMS"
 		if wide {
@@ -190,7 +196,7 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 			}
 			fmt.Fprintln(w, row)
 		}
-	} else {
+	default:
 		fmt.Fprintln(w, "\nETCD\texternal (not managed by the control plane)")
 	}
 	for _, e := range st.Errors {

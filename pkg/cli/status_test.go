@@ -36,3 +36,18 @@ func TestStatusShowsLastOperation(t *testing.T) {
 		t.Errorf("a last operation shown where there is none:\n%s", out.String())
 	}
 }
+
+// TestStatusManagementOnly: without the workload cluster, status says that
+// etcd was not read instead of showing an empty member table.
+func TestStatusManagementOnly(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	st := &rollout.Status{Cluster: "demo", Namespace: "default", EtcdManaged: true, ManagementOnly: true,
+		Machines: []rollout.MachineStatus{{Name: "demo-cp-1", Version: "v1.36.3", Node: "n1", Phase: "Running", UpToDate: true, Created: now}}}
+	var out bytes.Buffer
+	if err := printStatus(&out, st, false, now); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "demo-cp-1") || !strings.Contains(out.String(), "ETCD  not read") || strings.Contains(out.String(), "ETCD MEMBER") {
+		t.Errorf("management-only status:\n%s", out.String())
+	}
+}

@@ -194,23 +194,51 @@ func (c *Client) Complete(ctx context.Context, kcp *controlplanev1.KubeadmContro
 	return c.patchAnnotations(ctx, kcp, map[string]any{clusterv1.PausedAnnotation: nil, RecordAnnotation: nil, LastOperationAnnotation: string(raw)})
 }
 
-// KCPControllerVersion finds the KubeadmControlPlane controller's Deployment,
-// as clusterctl installs it, and returns its image tag.
+// The KubeadmControlPlane controller's Deployment as clusterctl installs it.
+// The roles of deploy/rbac grant a get of this one object.
+const (
+	KCPControllerNamespace  = "capi-kubeadm-control-plane-system"
+	KCPControllerDeployment = "capi-kubeadm-control-plane-controller-manager"
+)
+
+// KCPControllerVersion finds the KubeadmControlPlane controller's Deployment
+// and returns its image tag: by name where clusterctl installs it, a read the
+// roles grant, or else by its provider label in every namespace, for an
+// identity that may list Deployments (a custom install).
 func (c *Client) KCPControllerVersion(ctx context.Context) (string, error) {
+	d := &appsv1.Deployment{}
+	err := c.c.Get(ctx, client.ObjectKey{Namespace: KCPControllerNamespace, Name: KCPControllerDeployment}, d)
+	switch {
+	case err == nil:
+		if version, ok := kcpImageTag(*d); ok {
+			return version, nil
+		}
+	case !apierrors.IsNotFound(err) && !apierrors.IsForbidden(err):
+		return "", fmt.Errorf("finding the KCP controller: %w", err)
+	}
 	deployments := &appsv1.DeploymentList{}
 	if err := c.c.List(ctx, deployments, client.MatchingLabels{clusterv1.ProviderNameLabel: "control-plane-kubeadm"}); err != nil {
 		if apierrors.IsForbidden(err) {
-			return "", exitcode.Unsafef("cannot list Deployments to find the KCP controller's version (%v): pass --kcp-version", err)
+			return "", exitcode.Unsafef("no KCP controller Deployment %s/%s, and Deployments elsewhere may not be listed (%v): pass --kcp-version",
+				KCPControllerNamespace, KCPControllerDeployment, err)
 		}
 		return "", fmt.Errorf("finding the KCP controller: %w", err)
 	}
 	for _, d := range deployments.Items {
-		for _, ctr := range d.Spec.Template.Spec.Containers {
-			if i := strings.LastIndex(ctr.Image, ":"); i > 0 && strings.Contains(ctr.Image[:i], "kubeadm-control-plane-controller") {
-				return ctr.Image[i+1:], nil
-			}
+		if version, ok := kcpImageTag(d); ok {
+			return version, nil
 		}
 	}
 	return "", exitcode.Unsafef("no KubeadmControlPlane controller Deployment (label %s=control-plane-kubeadm) found: pass --kcp-version for a custom install",
 		clusterv1.ProviderNameLabel)
+}
+
+// kcpImageTag is the tag of the KCP controller's image in d, if d runs it.
+func kcpImageTag(d appsv1.Deployment) (string, bool) {
+	for _, ctr := range d.Spec.Template.Spec.Containers {
+		if i := strings.LastIndex(ctr.Image, ":"); i > 0 && strings.Contains(ctr.Image[:i], "kubeadm-control-plane-controller") {
+			return ctr.Image[i+1:], true
+		}
+	}
+	return "", false
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,9 +32,13 @@ const (
 )
 
 // The roles of deploy/rbac are what the tool needs and no more. Run as
-// ServiceAccounts bound only to them: the cp-rollout-view identity sees status
-// and plan with no warning, and its upgrade is refused before anything is
-// locked or changed, each missing permission named; the cp-rollout-operate
+// ServiceAccounts bound only to them (each use's ClusterRole cluster-wide, its
+// Role for the cluster in the cluster's namespace): the cp-rollout-view
+// identity, which may read no Secret, sees status's management half with a
+// warning that the workload half needs the cluster's two Secrets, its plan is
+// refused naming them, and its upgrade is refused before anything is locked
+// or changed, each missing permission named; neither identity may write a
+// Lease other than the cluster's own; the cp-rollout-operate
 // identity upgrades, scales up and down and replaces each machine in turn
 // (surge 1, 0, 1), on three failure domains that keep one machine each. Then
 // the management API server's audit log shows that each identity used exactly
@@ -46,16 +51,55 @@ func TestLeastPrivilege(t *testing.T) {
 	e := simtest.Start(t, opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	bind(t, e, rbac.View(), viewer)
-	bind(t, e, rbac.Operate(), operator)
+	bind(t, e, rbac.View, viewer)
+	bind(t, e, rbac.Operate, operator)
 	as := func(identity string, args ...string) []string { return append(args, "--as", identity) }
 
-	// cp-rollout-view: status and plan, then a refused upgrade.
-	if r := e.Plugin(t, ctx, as(viewer, "status", "demo")...); r.Code != 0 || strings.Contains(r.Stderr, "warning") {
-		t.Errorf("status as the viewer: exit %d, stderr %q: want 0 and no warning", r.Code, r.Stderr)
+	// What `kubectl auth can-i` answers for each identity: Leases are written
+	// by name in the cluster's namespace alone, the Secrets read by the
+	// operator alone.
+	for _, c := range []struct {
+		identity                        string
+		verb, resource, namespace, name string
+		want                            bool
+	}{
+		{viewer, "update", "leases", "capi-system", "", false},
+		{operator, "update", "leases", "capi-system", "", false},
+		{operator, "create", "leases", "capi-system", "", false},
+		{operator, "delete", "leases", "capi-kubeadm-control-plane-system", "", false},
+		{viewer, "update", "leases", "default", controlplane.LeaseName("demo"), false},
+		{operator, "update", "leases", "default", controlplane.LeaseName("demo"), true},
+		{operator, "update", "leases", "default", controlplane.LeaseName("other"), false},
+		{viewer, "get", "secrets", "default", "demo-kubeconfig", false},
+		{viewer, "get", "secrets", "default", "demo-etcd", false},
+		{operator, "get", "secrets", "default", "demo-etcd", true},
+		{operator, "get", "secrets", "default", "other-etcd", false},
+		{operator, "list", "secrets", "default", "", false},
+	} {
+		group := ""
+		if c.resource == "leases" {
+			group = "coordination.k8s.io"
+		}
+		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: c.identity,
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: c.verb, Group: group, Resource: c.resource, Namespace: c.namespace, Name: c.name}}}
+		if err := e.Sim.ManagementClient().Create(ctx, review); err != nil {
+			t.Fatal(err)
+		}
+		if review.Status.Allowed != c.want {
+			t.Errorf("can %s %s %s %q in namespace %s: %v, want %v", c.identity, c.verb, c.resource, c.name, c.namespace, review.Status.Allowed, c.want)
+		}
 	}
-	if r := e.Plugin(t, ctx, as(viewer, "plan", "demo", "--version", to, "--exit-code")...); r.Code != 10 || strings.Contains(r.Stderr, "warning") {
-		t.Errorf("plan as the viewer: exit %d, stderr %q: want 10 and no warning", r.Code, r.Stderr)
+
+	// cp-rollout-view: status's management half, a refused plan, then a
+	// refused upgrade.
+	if r := e.Plugin(t, ctx, as(viewer, "status", "demo")...); r.Code != 0 || strings.Count(r.Stderr, "warning:") != 1 ||
+		!strings.Contains(r.Stderr, "warning: showing the management cluster only") || !strings.Contains(r.Stderr, "Secrets demo-kubeconfig and demo-etcd in namespace default") ||
+		!strings.Contains(r.Stdout, "LOCK") || strings.Count(r.Stdout, "demo-") < 3 || !strings.Contains(r.Stdout, "not read: the workload cluster was not reached") {
+		t.Errorf("status as the viewer: exit %d\nstdout:\n%s\nstderr:\n%s\nwant 0, the machines, and one warning naming the two Secrets", r.Code, r.Stdout, r.Stderr)
+	}
+	if r := e.Plugin(t, ctx, as(viewer, "plan", "demo", "--version", to, "--exit-code")...); r.Code != 6 ||
+		!strings.Contains(r.Stderr, "may not read Secrets demo-kubeconfig and demo-etcd in namespace default") || !strings.Contains(r.Stderr, "cp-rollout-operate-demo") {
+		t.Errorf("plan as the viewer: exit %d, stderr %q: want 6 naming the Secrets and the Role that grants them", r.Code, r.Stderr)
 	}
 	if r := e.Plugin(t, ctx, as(viewer, "status", "-A")...); r.Code != 0 || !strings.Contains(r.Stdout, "default/demo") {
 		t.Errorf("status -A as the viewer: exit %d, stdout %q, stderr %q: want 0 and a row for default/demo", r.Code, r.Stdout, r.Stderr)
@@ -71,7 +115,8 @@ func TestLeastPrivilege(t *testing.T) {
 		"cannot create machines.cluster.x-k8s.io in namespace default",
 		"cannot delete genericinfrastructuremachines.infrastructure.cluster.x-k8s.io in namespace default",
 		"cannot update leases.coordination.k8s.io cp-rollout-demo in namespace default",
-		"cannot list deployments.apps in all namespaces",
+		"cannot get deployments.apps capi-kubeadm-control-plane-controller-manager in namespace capi-kubeadm-control-plane-system",
+		"cannot get secrets demo-kubeconfig in namespace default",
 	} {
 		if !strings.Contains(r.Stderr, want) {
 			t.Errorf("the refusal does not say %q:\n%s", want, r.Stderr)
@@ -138,7 +183,7 @@ func TestLeastPrivilege(t *testing.T) {
 	used := audited(t, auditLog)
 	for _, c := range []struct {
 		identity string
-		role     *rbacv1.ClusterRole
+		use      rbac.Use
 		// unexercised are permissions of the role that this scenario has no
 		// cause to use, each with the path that does.
 		unexercised map[string]string
@@ -146,14 +191,14 @@ func TestLeastPrivilege(t *testing.T) {
 		// when a read meets another controller's write, each with that path.
 		byTiming map[string]string
 	}{
-		{identity: viewer, role: rbac.View(), unexercised: map[string]string{
+		{identity: viewer, use: rbac.View, unexercised: map[string]string{
 			// A snapshot lists them; each is read on its own only when the
 			// list did not return it (controlplane oneRead).
 			"get kubeadmconfigs.bootstrap.cluster.x-k8s.io":                     "a KubeadmConfig without the cluster-name label",
 			"get genericinfrastructuremachines.infrastructure.cluster.x-k8s.io": "an InfraMachine without the cluster-name label",
 			"get clusterclasses.cluster.x-k8s.io":                               "a topology cluster's upgrade across minors (TestClusterClassUpgradeThroughTwoMinors)",
 		}},
-		{identity: operator, role: rbac.Operate(), unexercised: map[string]string{
+		{identity: operator, use: rbac.Operate, unexercised: map[string]string{
 			// A server-side apply that creates its object is audited as a
 			// patch; the API server authorizes the create within it.
 			"create machines.cluster.x-k8s.io":                                     "server-side apply creating a Machine",
@@ -176,22 +221,22 @@ func TestLeastPrivilege(t *testing.T) {
 			"get kubeadmconfigs.bootstrap.cluster.x-k8s.io":                     "a live read while a deleting Machine outlives its KubeadmConfig, or a claim drop that conflicts",
 		}},
 	} {
-		granted := grantedBy(c.role)
+		granted := grantedBy(t, c.use)
 		for p := range used[c.identity] {
 			if !granted[p] {
-				t.Errorf("%s used %q, which %s does not grant", c.identity, p, c.role.Name)
+				t.Errorf("%s used %q, which %s does not grant", c.identity, p, c.use.Name)
 			}
 		}
 		for p := range granted {
 			_, unexercised := c.unexercised[p]
 			_, byTiming := c.byTiming[p]
 			if !unexercised && !byTiming && !used[c.identity][p] {
-				t.Errorf("%s grants %q, which %s never used", c.role.Name, p, c.identity)
+				t.Errorf("%s grants %q, which %s never used", c.use.Name, p, c.identity)
 			}
 		}
 		for p := range c.byTiming {
 			if !granted[p] {
-				t.Errorf("%q is listed as used by timing but %s does not grant it: drop it from the list", p, c.role.Name)
+				t.Errorf("%q is listed as used by timing but %s does not grant it: drop it from the list", p, c.use.Name)
 			}
 		}
 		for p := range c.unexercised {
@@ -202,33 +247,55 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 }
 
-// bind grants role to the ServiceAccount user, as deploy/rbac's examples do.
-func bind(t *testing.T, e *env, role *rbacv1.ClusterRole, user string) {
+// bind grants a use's roles to the ServiceAccount user, as `kubectl
+// cp-rollout rbac demo --serviceaccount` does: the ClusterRole cluster-wide,
+// the cluster's Role in its namespace.
+func bind(t *testing.T, e *env, use rbac.Use, user string) {
 	t.Helper()
 	ctx := context.Background()
 	c := e.Sim.ManagementClient()
-	if err := c.Create(ctx, role.DeepCopy()); err != nil && !apierrors.IsAlreadyExists(err) {
+	role, err := use.Role("default", "demo")
+	if err != nil {
 		t.Fatal(err)
+	}
+	for _, obj := range []client.Object{use.ClusterRole(), role} {
+		if err := c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
 	}
 	parts := strings.Split(user, ":") // system:serviceaccount:<namespace>:<name>
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: parts[3]},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: parts[2], Name: parts[3]}},
-	}
-	if err := c.Create(ctx, binding); err != nil {
-		t.Fatal(err)
+	subjects := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: parts[2], Name: parts[3]}}
+	for _, binding := range []client.Object{
+		&rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: parts[3]},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: use.Name},
+			Subjects:   subjects,
+		},
+		&rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: role.Namespace, Name: parts[3]},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+			Subjects:   subjects,
+		},
+	} {
+		if err := c.Create(ctx, binding); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
-// grantedBy lists a role's permissions as "verb resource.group", expanded
+// grantedBy lists a use's permissions as "verb resource.group", expanded
 // for the simulator's cluster exactly as the tool's preflight asks for them
 // (the infrastructure wildcard as the simulator's InfraMachines and their
 // template), so what the tool used is also what the preflight asked.
-func grantedBy(role *rbacv1.ClusterRole) map[string]bool {
+func grantedBy(t *testing.T, use rbac.Use) map[string]bool {
+	t.Helper()
+	perms, err := access.Needs(use, access.Scope{Namespace: "default", Cluster: "demo",
+		InfraMachines: "genericinfrastructuremachines", InfraMachineTemplates: "genericinfrastructuremachinetemplates"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	out := map[string]bool{}
-	for _, p := range access.Needs(role, access.Scope{Namespace: "default", Cluster: "demo",
-		InfraMachines: "genericinfrastructuremachines", InfraMachineTemplates: "genericinfrastructuremachinetemplates"}) {
+	for _, p := range perms {
 		out[strings.TrimSuffix(p.Verb+" "+p.Resource+"."+p.Group, ".")] = true
 	}
 	return out

@@ -1,0 +1,65 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+// authorizer answers the preflight's reviews as an API server would for an
+// identity that may do everything but read Secrets (when secrets is false).
+func authorizer(secrets bool) client.Client {
+	return fake.NewClientBuilder().WithScheme(controlplane.Scheme()).WithInterceptorFuncs(interceptor.Funcs{
+		Create: func(_ context.Context, _ client.WithWatch, obj client.Object, _ ...client.CreateOption) error {
+			switch review := obj.(type) {
+			case *authorizationv1.SelfSubjectRulesReview:
+				return errors.New("rules reviews are not served here: each permission is asked on its own")
+			case *authorizationv1.SelfSubjectAccessReview:
+				review.Status.Allowed = secrets || review.Spec.ResourceAttributes.Resource != "secrets"
+			case *authenticationv1.SelfSubjectReview:
+				review.Status.UserInfo.Username = "oncall"
+			}
+			return nil
+		},
+	}).Build()
+}
+
+// TestPreflightWithoutTheSecrets: an identity that may read everything on
+// the management cluster but the cluster's two Secrets gets status's
+// management half with one warning naming them, and a refusal of plan (exit
+// 6) naming them and the Role that grants them; with the Secrets, neither.
+func TestPreflightWithoutTheSecrets(t *testing.T) {
+	c := &connection{Namespace: "capi-prod", Cluster: "eu1"}
+	ctx := context.Background()
+
+	var warnings bytes.Buffer
+	workload, err := c.preflight(ctx, authorizer(false), viewOnly(&warnings), nil)
+	want := "warning: showing the management cluster only: the workload cluster's nodes and etcd members need read access to Secrets eu1-kubeconfig and eu1-etcd in namespace capi-prod, which oncall lacks (Role cp-rollout-operate-eu1 grants it; `kubectl cp-rollout rbac eu1 -n capi-prod` prints it)\n"
+	if workload || err != nil || warnings.String() != want {
+		t.Errorf("status: workload %v, err %v, warnings:\n%s\nwant false, nil and\n%s", workload, err, warnings.String(), want)
+	}
+
+	warnings.Reset()
+	workload, err = c.preflight(ctx, authorizer(false), readOnly(&warnings), nil)
+	if workload || exitcode.Of(err) != exitcode.Forbidden || !strings.Contains(err.Error(), "oncall may not read Secrets eu1-kubeconfig and eu1-etcd in namespace capi-prod") ||
+		!strings.Contains(err.Error(), "Role cp-rollout-operate-eu1") || warnings.Len() != 0 {
+		t.Errorf("plan: workload %v, exit %d (%v), warnings %q: want a refusal naming the Secrets and the Role", workload, exitcode.Of(err), err, warnings.String())
+	}
+
+	for _, use := range []engineUse{viewOnly(&warnings), readOnly(&warnings)} {
+		if workload, err := c.preflight(ctx, authorizer(true), use, nil); !workload || err != nil || warnings.Len() != 0 {
+			t.Errorf("with the Secrets: workload %v, err %v, warnings %q", workload, err, warnings.String())
+		}
+	}
+}
