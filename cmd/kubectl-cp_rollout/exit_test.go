@@ -103,7 +103,7 @@ func TestUnreachableManagementClusterExitsSeven(t *testing.T) {
 	}
 
 	// A fleet command ends with the same object, naming no one cluster.
-	r = kubectl(t, env, "cp-rollout", "upgrade", "-A", "--version", "v1.36.3", "-o", "json")
+	r = kubectl(t, env, "cp-rollout", "upgrade", "-A", "--yes", "--version", "v1.36.3", "-o", "json")
 	obj = errorObject(t, "upgrade -A -o json", r.stdout)
 	if r.code != 7 || obj["exitCode"] != float64(7) || obj["cluster"] != nil {
 		t.Errorf("upgrade -A -o json: exit %d, %v: want 7 and no cluster", r.code, obj)
