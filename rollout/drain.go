@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -69,6 +70,9 @@ func (e *Engine) uncordon(ctx context.Context, m *clusterv1.Machine) {
 // being deleted, whose drain Cluster API finishes. It returns the nodes it
 // gave back.
 func (e *Engine) giveBackCordoned(ctx context.Context, cp *kcpstate.ControlPlane) (nodes []string, err error) {
+	if e.Workload == nil {
+		return nil, errors.New("the workload cluster was not reached")
+	}
 	cordoned, err := e.Workload.Cordoned(ctx)
 	if err != nil || len(cordoned) == 0 {
 		return nil, err
@@ -82,7 +86,7 @@ func (e *Engine) giveBackCordoned(ctx context.Context, cp *kcpstate.ControlPlane
 		err := e.Workload.Uncordon(ctx, node)
 		st.end(&err)
 		if err != nil {
-			return nodes, err
+			return nodes, fmt.Errorf("uncordoning node %s: %w", node, err)
 		}
 		nodes = append(nodes, node)
 	}

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
 // Handback ends this tool's ownership of the control plane: it removes a stale
@@ -61,20 +62,25 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 			if err := PausedBySomeoneElse(NewSnapshot(cp)); err != nil {
 				return err
 			}
-			if err := e.ControlPlane.Resume(ctx, cp.KCP); err != nil {
-				return err
-			}
-			handedBack = true
-			done = append(done, fmt.Sprintf("unpaused KubeadmControlPlane %s and removed the record of %s", cp.KCP.Name, rec))
 		}
-		// Not a failure of the hand-back: a workload cluster that does not
-		// answer now is said, with the way to finish later.
-		switch nodes, err := e.giveBackCordoned(ctx, cp); {
-		case err != nil:
-			done = append(done, fmt.Sprintf("could not check for nodes an earlier run left cordoned (%v): run handback again once the workload cluster answers", err))
-		case len(nodes) > 0:
+		// Nodes first, while KCP is still paused: once it is in charge it may
+		// start draining one of them itself. Not a failure of the hand-back: a
+		// workload cluster that does not answer is said, with the way on.
+		nodes, err := e.giveBackCordoned(ctx, cp)
+		if len(nodes) > 0 {
 			done = append(done, "uncordoned node(s) "+strings.Join(nodes, ", ")+", cordoned by a run that stopped before deleting their machines")
 		}
+		if err != nil {
+			done = append(done, fmt.Sprintf("nodes an earlier run may have left cordoned were not all given back (%v): run handback again once the workload cluster answers, or kubectl uncordon the nodes annotated %s", err, workload.CordonedAnnotation))
+		}
+		if rec == nil {
+			return nil
+		}
+		if err := e.ControlPlane.Resume(ctx, cp.KCP); err != nil {
+			return err
+		}
+		handedBack = true
+		done = append(done, fmt.Sprintf("unpaused KubeadmControlPlane %s and removed the record of %s", cp.KCP.Name, rec))
 		return nil
 	})
 	if err != nil {

@@ -69,12 +69,14 @@ func (h *handbackLocked) Acquire(ctx context.Context, holder string, waiting fun
 
 func (h *handbackLocked) Resume(context.Context, *controlplanev1.KubeadmControlPlane) error {
 	h.resumed = true
+	h.record("resume")
 	return nil
 }
 
 // TestHandbackGivesBackLeftCordons: a node an earlier run cordoned and never
 // gave back (killed between its drain and the deletion) is uncordoned by
-// handback, under the lock; the node of a machine being deleted stays
+// handback, under the lock and before KCP is unpaused (KCP could otherwise
+// start draining it itself); the node of a machine being deleted stays
 // cordoned for Cluster API's drain.
 func TestHandbackGivesBackLeftCordons(t *testing.T) {
 	w := pausedByUs(world(machineSpec{outdated: true, deleting: true}, machineSpec{}, machineSpec{}))
@@ -90,8 +92,8 @@ func TestHandbackGivesBackLeftCordons(t *testing.T) {
 	if !h.resumed {
 		t.Error("the KCP was not unpaused")
 	}
-	if got := strings.Join(f.calls, ", "); got != "uncordon n1" {
-		t.Errorf("calls %q, want n1 alone uncordoned (n0's machine is being deleted)", got)
+	if got := strings.Join(f.calls, ", "); got != "uncordon n1, resume" {
+		t.Errorf("calls %q, want n1 alone uncordoned (n0's machine is being deleted), before KCP is unpaused", got)
 	}
 	if !strings.Contains(strings.Join(done, "\n"), "uncordoned node(s) n1") {
 		t.Errorf("handback says %q, want the uncordon named", done)

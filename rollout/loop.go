@@ -241,15 +241,16 @@ func (e *Engine) settle(ctx context.Context) (err error) {
 // is not made (the node is given back) and the loop decides afresh.
 func (e *Engine) deleteVictim(ctx context.Context, t Target, s *Snapshot, next Step) (err error) {
 	m := next.Machine
+	machine, created, deleted := e.steps.machine, e.steps.created, e.steps.deleted
 	e.countMachineStep(true)
 	if err := e.ControlPlane.EnsureCleanupHook(ctx, m); err != nil {
 		return err
 	}
 	drained, err := e.drain(ctx, m)
-	deleted := false
+	gone := false
 	if drained.Cordoned {
 		defer func() {
-			if !deleted {
+			if !gone {
 				e.uncordon(ctx, m)
 			}
 		}()
@@ -262,6 +263,8 @@ func (e *Engine) deleteVictim(ctx context.Context, t Target, s *Snapshot, next S
 			return err
 		}
 		if again := Next(ctx, s, t); again.Action != Delete || again.Machine.Name != m.Name {
+			// Not this machine after all: its step counts when it is taken.
+			e.steps.machine, e.steps.created, e.steps.deleted = machine, created, deleted
 			return nil
 		}
 	}
@@ -273,7 +276,7 @@ func (e *Engine) deleteVictim(ctx context.Context, t Target, s *Snapshot, next S
 	if err := e.delete(ctx, m, next.Reason); err != nil {
 		return err
 	}
-	deleted = true
+	gone = true
 	return nil
 }
 

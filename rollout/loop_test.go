@@ -75,6 +75,8 @@ type scripted struct {
 	drainRules []string
 	// cordoned are the nodes Cordoned names: an earlier run's drain left them.
 	cordoned []string
+	// onDrain, when set, changes the world while a node drains.
+	onDrain func(w *Snapshot, node string)
 	// deleteFails Delete calls fail.
 	deleteFails int
 	// watched makes Wait report a change only when the machines or nodes
@@ -182,6 +184,9 @@ func (f *scripted) Drain(_ context.Context, node string, _ time.Duration) (workl
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("drain %s", node)
+	if f.onDrain != nil {
+		f.onDrain(f.world, node)
+	}
 	return workload.Drained{Cordoned: true}, nil
 }
 
@@ -671,6 +676,29 @@ func TestConvergeDrain(t *testing.T) {
 		}
 		if got := drains(f); got != 1 || !slices.Contains(f.calls, "drain n2") {
 			t.Fatalf("want only n2 drained: %v", f.calls)
+		}
+	})
+	t.Run("a deletion the guards no longer allow after the drain is not made", func(t *testing.T) {
+		// While n0 drains, someone marks m1 for deletion: KCP's order now
+		// takes m1 first, and the decision on a live read follows it.
+		f := newScripted(world(old, old, old))
+		f.onDrain = func(w *Snapshot, node string) {
+			if m1, ok := w.CP.Machines["m1"]; ok && node == "n0" {
+				m1 = m1.DeepCopy() // snapshots already handed out keep what they saw
+				m1.Annotations = map[string]string{clusterv1.DeleteMachineAnnotation: ""}
+				w.CP.Machines.Insert(m1)
+			}
+		}
+		e, _ := engineFor(f, fast)
+		if err := converge(t, e, surge1); err != nil {
+			t.Fatal(err)
+		}
+		calls := strings.Join(f.calls, ", ")
+		if !strings.Contains(calls, "drain n0, uncordon n0, hook m1, drain n1, delete m1") {
+			t.Fatalf("calls %s; want n0 given back and m1 deleted instead", calls)
+		}
+		if e.steps.machine != 3 {
+			t.Errorf("%d machine steps counted for 3 replacements", e.steps.machine)
 		}
 	})
 	t.Run("a deletion that fails gives the node back", func(t *testing.T) {

@@ -205,11 +205,24 @@ type engineUse struct {
 	// identity may not read its Secrets: the engine then has no Workload and
 	// no Etcd. Without it, a verb that changes nothing refuses.
 	managementOnly bool
+	// handback needs the workload cluster only to give back nodes an earlier
+	// run left cordoned, and etcd not at all: a workload cluster it cannot
+	// reach (its Secret refused or missing) is a warning, not a refusal, so
+	// that handback works on the clusters that need it most.
+	handback bool
 }
 
-// noLoop is for handback, which needs no preflight: each of its two writes
-// stands alone, so one refused leaves nothing half-done.
+// noLoop is for reads that need no preflight of their own (status -A --etcd
+// checks its permissions once for the fleet).
 var noLoop = engineUse{timeouts: rollout.DefaultTimeouts}
+
+// handbackUse is for handback, which needs no preflight: it takes the Lease
+// and makes one write to the KubeadmControlPlane, and a refused write leaves
+// nothing half-done. warnings receives why the workload cluster was not
+// reached.
+func handbackUse(reporter progress.Reporter, warnings io.Writer) engineUse {
+	return engineUse{timeouts: rollout.DefaultTimeouts, reporter: reporter, warnings: warnings, handback: true}
+}
 
 // readOnly is for plan and every --dry-run, which change nothing: they warn
 // of what they may not read on the management cluster, and refuse without
@@ -291,10 +304,17 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 		return engine, func() {}, nil
 	}
 	wl, err := workload.New(ctx, mgmt, c.Namespace, c.Cluster, counted.workload.Wrap, fence.Wrap)
-	if err != nil {
+	switch {
+	case err != nil && use.handback:
+		fmt.Fprintf(use.warnings, "warning: %v\n", err)
+		return engine, func() {}, nil
+	case err != nil:
 		return nil, nil, exitcode.New(exitcode.Unsafe, err)
 	}
 	engine.Workload = wl
+	if use.handback {
+		return engine, func() {}, nil
+	}
 	closers := []func(){}
 	cleanup := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -406,7 +426,11 @@ func (c *connection) kubeconfigError(what string, err error) error {
 // 4 for a wait), as before. An error after the run's context ended is the
 // stop's or --timeout's, and is left to them.
 func (c *connection) firstContact(ctx context.Context, err error) error {
-	if ctx.Err() != nil || exitcode.Of(err) != exitcode.Failure || !exitcode.IsUnreachable(err) {
+	// An error already marked keeps its code; one that only matches a
+	// deadline (a dial or HTTP client timeout does) is no answer, not a
+	// wait of the tool's that ran out.
+	var coded *exitcode.Error
+	if ctx.Err() != nil || errors.As(err, &coded) || !exitcode.IsUnreachable(err) {
 		return err
 	}
 	server := "the management cluster"

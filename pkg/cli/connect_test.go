@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -61,5 +64,34 @@ func TestPreflightWithoutTheSecrets(t *testing.T) {
 		if workload, err := c.preflight(ctx, authorizer(true), use, nil); !workload || err != nil || warnings.Len() != 0 {
 			t.Errorf("with the Secrets: workload %v, err %v, warnings %q", workload, err, warnings.String())
 		}
+	}
+}
+
+// TestFirstContactTimeoutIsUnreachable: an API server that accepts and never
+// answers makes the first request time out, an error that also matches
+// context.DeadlineExceeded; it is exit 7 (no answer), not 4 (a wait of the
+// tool's that ran out).
+func TestFirstContactTimeoutIsUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer conn.Close() // accepted, never answered
+		}
+	}()
+	_, err = (&http.Client{Timeout: 200 * time.Millisecond}).Get("http://" + l.Addr().String() + "/api")
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a request to a silent server: %v, want a timeout", err)
+	}
+	c := &connection{Management: newKubeconfigFlags()}
+	if got := exitcode.Of(c.firstContact(context.Background(), err)); got != exitcode.Unreachable {
+		t.Errorf("first contact timing out: exit %d, want %d", got, exitcode.Unreachable)
 	}
 }

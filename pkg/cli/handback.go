@@ -105,9 +105,7 @@ func (o *HandbackOptions) handback(ctx context.Context, prefix string) error {
 	// renews it takes up to its duration.
 	reporter := progress.New("", o.Streams.Out, o.Streams.ErrOut)
 	defer reporter.Stop()
-	use := noLoop
-	use.reporter = reporter
-	engine, closeEngine, err := o.connect(ctx, use)
+	engine, closeEngine, err := o.connect(ctx, handbackUse(reporter, o.Streams.ErrOut))
 	if err != nil {
 		return err
 	}

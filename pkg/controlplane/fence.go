@@ -14,7 +14,11 @@ import (
 // writes (a delete puts the hook on, forwards leadership, deletes the
 // Machine), and a renewal can fail between two of them: the fence checks the
 // lock again right before each write leaves the process, to the management
-// cluster, to the workload cluster and to etcd alike. Until Acquire arms it
+// cluster, to the workload cluster and to etcd alike. What it fences is the
+// sending: a write sent in time that a slow server (or an admission webhook)
+// holds is applied when the server gets to it, which is why the run stops
+// RenewDeadline after its last renewal, LeaseDuration-RenewDeadline before
+// anyone may take its Lease over. Until Acquire arms it
 // (on the Client that took the lock) it lets everything through, so reads
 // and the preflight before the lock are unaffected.
 type Fence struct {
@@ -62,8 +66,9 @@ func (t fencedTransport) WrappedRoundTripper() http.RoundTripper { return t.next
 
 // fenced reports whether r is a write the lock must cover: any request but a
 // read, except the run's own Lease and Events (the audit trail of the very
-// stop). A port-forward is a POST that only opens a stream; it is fenced
-// like a write, and the etcd requests inside it are fenced on their own.
+// stop). A port-forward only opens a stream (a POST upgrade, or a GET for
+// its websocket form): either way the etcd requests inside it are fenced on
+// their own (DialOptions).
 func (f *Fence) fenced(r *http.Request) bool {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
@@ -97,9 +102,10 @@ func namespacedPath(path string) (namespace, resource, name string) {
 	return "", "", ""
 }
 
-// DialOptions fence every etcd RPC: after the lock is lost a run has nothing
-// left to ask etcd, and the writes (moving leadership, removing a member)
-// are the most consequential the tool makes.
+// DialOptions fence every unary etcd RPC (all the tool makes: it watches
+// nothing in etcd): after the lock is lost a run has nothing left to ask
+// etcd, and the writes (moving leadership, removing a member) are the most
+// consequential the tool makes.
 func (f *Fence) DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {

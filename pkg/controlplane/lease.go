@@ -76,7 +76,7 @@ func durationOf(l *coordinationv1.Lease) time.Duration {
 
 // LockedBy is the refusal a run meets while lease's live holder runs (exit 5).
 func (c *Client) LockedBy(lease *coordinationv1.Lease) error {
-	return exitcode.Lockedf("cluster %s/%s is locked by %s, which still renews it: wait for that run to end; a run that is gone loses the lock %s after its last renewal",
+	return exitcode.Lockedf("cluster %s/%s is locked by %s, which still renews it: wait for that run to end (a run that is gone no longer renews it, and a new run takes its lock over once it has watched it go %s unrenewed)",
 		c.Namespace, c.Cluster, Holder(lease), LeaseDuration)
 }
 
@@ -305,14 +305,16 @@ func (c *Client) Lease(ctx context.Context) (*coordinationv1.Lease, error) {
 // user, host and process, so a colleague knows whom to ask, and a random
 // part, as client-go's leader election adds one, so two processes that share
 // a user, host name and PID (containers, cloned VMs) are still two holders.
-var Who = sync.OnceValue(func() string {
+var Who = sync.OnceValue(who)
+
+func who() string {
 	name := "unknown"
 	if u, err := user.Current(); err == nil {
 		name = u.Username
 	}
 	host, _ := os.Hostname()
 	return fmt.Sprintf("%s@%s/pid-%d-%s", name, host, os.Getpid(), rand.String(5))
-})
+}
 
 // BreakLock deletes the cluster's Lease when its holder is gone or, with
 // force, at once. A Lease someone holds is watched first (waiting is told
