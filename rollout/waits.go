@@ -22,7 +22,7 @@ type Timeouts struct {
 	// step.
 	Settle time.Duration
 	// Recovery is how long the loop waits for a machine that was healthy and
-	// went bad to recover before it refuses to go on; 0 means unhealthyGrace.
+	// went bad to recover before it refuses to go on; 0 means UnhealthyGrace.
 	Recovery time.Duration
 	// Handback bounds the wait after the hand-back until KCP has reconciled
 	// and agrees the rollout is done (Unsettled); 0 does not wait.
@@ -34,17 +34,17 @@ type Timeouts struct {
 }
 
 // DefaultTimeouts are the flags' defaults.
-var DefaultTimeouts = Timeouts{Provision: 20 * time.Minute, Health: 10 * time.Minute, Delete: 20 * time.Minute, Handback: 2 * time.Minute}
+var DefaultTimeouts = Timeouts{Provision: 20 * time.Minute, Health: 10 * time.Minute, Delete: 20 * time.Minute, Recovery: UnhealthyGrace, Handback: 2 * time.Minute}
 
-// unhealthyGrace is the default Recovery: long enough for a failed probe or a
+// UnhealthyGrace is the default Recovery: long enough for a failed probe or a
 // restarting static pod, short enough not to hide a fault.
-const unhealthyGrace = time.Minute
+const UnhealthyGrace = time.Minute
 
 func (t Timeouts) recovery() time.Duration {
 	if t.Recovery > 0 {
 		return t.Recovery
 	}
-	return unhealthyGrace
+	return UnhealthyGrace
 }
 
 // etcdPoll is how often etcd is read while waiting: nothing reports etcd

@@ -142,6 +142,7 @@ func (l *waitLimits) addFlags(f *pflag.FlagSet) {
 	f.DurationVar(&l.Timeouts.Health, "health-timeout", l.Timeouts.Health, "How long a new machine may take, once it has a node, to be healthy (node, static pods, etcd member)")
 	f.DurationVar(&l.Timeouts.Delete, "delete-timeout", l.Timeouts.Delete, "How long a machine may take to be deleted")
 	f.DurationVar(&l.Timeouts.Settle, "settle", l.Timeouts.Settle, "Pause after each new machine turns healthy, before the next step")
+	f.DurationVar(&l.Timeouts.Recovery, "unhealthy-grace", l.Timeouts.Recovery, "How long a machine that was healthy and went bad (a failed probe, a restarting static pod, a member that lost its peers for a moment) may take to recover before the run refuses to go on (exit 3)")
 	f.DurationVar(&l.Timeouts.Handback, "handback-timeout", l.Timeouts.Handback, "How long KCP may take, after the hand-back, to reconcile and agree the rollout is done (its status at the target version, every machine up to date)")
 	f.BoolVar(&l.NoWait, "no-wait", l.NoWait, "Exit once the control plane is handed back, without waiting for KCP to agree the rollout is done")
 }
@@ -157,6 +158,9 @@ func (l *waitLimits) validate() error {
 		if d.value < 0 {
 			return exitcode.Usagef("--%s must not be negative, not %s", d.flag, d.value)
 		}
+	}
+	if l.Timeouts.Recovery <= 0 {
+		return exitcode.Usagef("--unhealthy-grace must be positive, not %s", l.Timeouts.Recovery)
 	}
 	if l.NoWait {
 		l.Timeouts.Handback = 0

@@ -62,7 +62,7 @@ var configurable = map[string]bool{
 	// Wait limits: how slow this site's infrastructure may be. They bound
 	// how long the tool waits, never what it changes.
 	"timeout": true, "provision-timeout": true, "health-timeout": true, "delete-timeout": true,
-	"settle": true, "handback-timeout": true, "no-wait": true, "workers-timeout": true,
+	"settle": true, "handback-timeout": true, "no-wait": true, "workers-timeout": true, "unhealthy-grace": true,
 }
 
 // notConfigurable explains a refused key or variable; flag is its name.

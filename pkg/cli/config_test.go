@@ -90,7 +90,7 @@ var configurableValues = map[string]string{
 	"insecure-skip-tls-verify": "true", "as": "bob", "as-group": "ops", "as-uid": "42", "disable-compression": "true",
 	"request-timeout": "30s", "etcd-endpoint": "https://{{.NodeIP}}:2379", "output": "json", "etcd": "true",
 	"timeout": "1h", "provision-timeout": "5m", "health-timeout": "2m", "delete-timeout": "3m", "settle": "10s",
-	"handback-timeout": "30s", "no-wait": "true", "workers-timeout": "40m",
+	"handback-timeout": "30s", "no-wait": "true", "workers-timeout": "40m", "unhealthy-grace": "3m",
 }
 
 // The allowlist names only flags that exist, and each of them still comes

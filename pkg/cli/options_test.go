@@ -112,14 +112,14 @@ func viewChange(r result, c *changeOptions) resolved {
 // allRunFlags sets every flag that upgrade, scale and replace share.
 var allRunFlags = []string{
 	"--max-surge", "0", "--timeout", "1h", "--provision-timeout", "5m", "--health-timeout", "2m",
-	"--delete-timeout", "3m", "--settle", "10s", "--handback-timeout", "30s", "-o", "json", "--dry-run",
+	"--delete-timeout", "3m", "--settle", "10s", "--unhealthy-grace", "4m", "--handback-timeout", "30s", "-o", "json", "--dry-run",
 	"--etcd-endpoint", "https://{{.NodeIP}}:2379", "--kcp-version", "v1.14.2",
 }
 
 func withAllRunFlags(v *resolved) {
 	v.MaxSurge, v.Output, v.DryRun = 0, "json", true
 	v.Timeout = time.Hour
-	v.Timeouts = rollout.Timeouts{Provision: 5 * time.Minute, Health: 2 * time.Minute, Delete: 3 * time.Minute, Settle: 10 * time.Second, Handback: 30 * time.Second}
+	v.Timeouts = rollout.Timeouts{Provision: 5 * time.Minute, Health: 2 * time.Minute, Delete: 3 * time.Minute, Settle: 10 * time.Second, Recovery: 4 * time.Minute, Handback: 30 * time.Second}
 	v.EtcdEndpoint, v.KCPVersion = "https://{{.NodeIP}}:2379", "v1.14.2"
 }
 
