@@ -14,6 +14,7 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
@@ -189,6 +190,21 @@ func (e *Engine) acquire(ctx context.Context) (lock *controlplane.Lock, err erro
 func awaitingLock(l *coordinationv1.Lease, then string) string {
 	return fmt.Sprintf("the lock is held by %s: watching whether it is still renewed; if it goes %s without, it is %s",
 		controlplane.Holder(l), controlplane.LeaseDuration, then)
+}
+
+// LeftPaused reports, from a live read, whether the KubeadmControlPlane is
+// paused under an operation record of this tool, as a run that stopped leaves
+// it, and names it. It reads even after ctx ended (an interrupted run); a
+// read that fails says nothing.
+func (e *Engine) LeftPaused(ctx context.Context) (kcp string, paused bool) {
+	ctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	_, k, err := e.ControlPlane.ReadKCP(ctx)
+	if err != nil {
+		return "", false
+	}
+	rec, err := controlplane.RecordOf(k)
+	return k.Name, err == nil && rec != nil && annotations.HasPaused(k)
 }
 
 // cleanupTimeout bounds what a stopping run still does on its way out

@@ -99,11 +99,13 @@ func (o *changeOptions) runOne(ctx context.Context, reporter progress.Reporter) 
 	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause
 	}
-	if err != nil && ctx.Err() != nil && !o.inFleet {
-		fmt.Fprintf(o.Streams.ErrOut, "stopped; the KubeadmControlPlane stays paused with its operation record. Re-run the same command to continue, or `kubectl cp-rollout handback %s` to give control back to KCP.\n", o.Cluster)
-	}
 	return err
 }
+
+// pausedHint says what a run that stopped leaves behind while its pause
+// stands, and the two ways on: a paused KCP is frozen for everyone else too.
+const pausedHint = `KubeadmControlPlane %s stays paused with this run's record. While it is, KCP remediates no machine and renews no certificate, and Cluster API holds back the cluster's worker MachineSets while the control plane's spec.version is ahead of its status. Re-run the same command to continue, or ` + "`kubectl cp-rollout handback %s`" + ` to give control back to KCP.
+`
 
 // converge connects, checks the request against the cluster and runs the
 // rollout loop until the control plane matches it.
@@ -122,7 +124,13 @@ func (o *changeOptions) converge(ctx context.Context, reporter progress.Reporter
 			Phase: progress.Done, Message: prepared.NothingToDo})
 		return nil
 	}
-	return engine.Run(ctx, prepared)
+	err = engine.Run(ctx, prepared)
+	if err != nil && !o.inFleet {
+		if kcp, paused := engine.LeftPaused(ctx); paused {
+			fmt.Fprintf(o.Streams.ErrOut, pausedHint, kcp, o.Cluster)
+		}
+	}
+	return err
 }
 
 // waitLimits bound how long a run and each of its waits may take.

@@ -436,6 +436,9 @@ func TestHandbackAfterInterruptedUpgrade(t *testing.T) {
 	if _, ok := kcp.Annotations[clusterv1.PausedAnnotation]; !ok {
 		t.Fatal("the interrupted run unpaused the KCP")
 	}
+	if stderr := run.Stderr(); !strings.Contains(stderr, "KubeadmControlPlane "+kcp.Name+" stays paused") || !strings.Contains(stderr, "holds back the cluster's worker MachineSets") {
+		t.Errorf("the interrupted run did not say what its pause leaves behind:\n%s", simtest.Tail(stderr, 5))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	r := e.Plugin(t, ctx, "handback", "demo")
