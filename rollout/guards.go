@@ -1,6 +1,8 @@
 package rollout
 
 import (
+	"cmp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -23,10 +25,11 @@ import (
 // The guards: pure functions of one Snapshot. Everything that decides — Next,
 // the loop, the hand-over, plan and status — goes through these.
 //
-// They come in one of two shapes. A check is func(*Snapshot[, *Machine]) error:
-// nil passes, an error refuses, carries its exit code and names the machine or
-// member at fault. A selection is a collections.Func filter or a query that
-// returns machines, as in CAPI's util/collections.
+// They come in one of two shapes. A check is func(*Snapshot[, *Machine or
+// etcd.Member]) error: nil passes, an error refuses, carries its exit code and
+// names the machine or member at fault. A selection is a collections.Func
+// filter or a query that returns machines (or members), as in CAPI's
+// util/collections.
 
 // Deleting returns the control-plane machines being deleted. While there is
 // one, no other step starts: its deletion is finished first.
@@ -241,6 +244,82 @@ func SafeToRemove(s *Snapshot, m *clusterv1.Machine) error {
 	return nil
 }
 
+// StaleMembers returns the etcd members that no control-plane machine owns —
+// an unnamed member (kubeadm's learner that never started) or a named one
+// whose name is no machine's node — in the order KCP removes them: unnamed
+// first, then by name (KCP sorts by name, and "" sorts first). They are left
+// behind by a replacement that failed mid-join and was deleted; an unnamed
+// one holds etcd's single learner slot, so no machine could join after it.
+//
+// It re-implements the selection of KCP's reconcileEtcdMembers (CAPI v1.14.2,
+// controlplane/kubeadm/reconcilers/kubeadmcontrolplane/kubeadmcontrolplane_controller.go,
+// ~1296–1360; unexported, so it cannot be called), with KCP's holds:
+//   - none while a machine has no nodeRef (~1348): the member may be that
+//     machine's, whose node has not registered yet;
+//   - no unnamed member while a machine's node may still be starting its
+//     member (~1355). KCP's evidence is the node's age (20 s since it
+//     registered, etcdMemberStartupGracePeriod); this tool sees the members
+//     by name, so it holds while any machine's node has no member named after
+//     it — the one case where an unnamed member can be that node's learner —
+//     and needs no timer. A node that never starts its member is a join that
+//     times out (AwaitJoin), not a member to remove behind its back.
+//
+// And one of this tool's: none while a machine is deleting. Its member is
+// removed when its pre-terminate hook is served, and a machine deleted before
+// its node registered may own a member by a name nothing here knows yet;
+// once it is gone, what is left is stale for certain.
+//
+// KCP acts only while its EtcdClusterHealthy condition is not True, which it
+// recomputes in the same reconcile: a live "members and machines disagree",
+// not a time to wait. While KCP is paused that condition is frozen, so the
+// live membership is the test here, and no grace is added.
+func StaleMembers(s *Snapshot) []etcd.Member {
+	if !s.EtcdManaged || s.CP.Machines.Len() == 0 {
+		return nil
+	}
+	if s.CP.Machines.Filter(collections.Not(collections.HasNode())).Len() > 0 || Deleting(s).Len() > 0 {
+		return nil
+	}
+	owned := map[string]bool{}
+	nodeStarting := false
+	for _, m := range s.CP.Machines {
+		owned[nodeName(m)] = true
+		if _, ok := MemberOf(s, m); !ok {
+			nodeStarting = true
+		}
+	}
+	var stale []etcd.Member
+	for _, member := range s.Members {
+		switch {
+		case !member.Started() && nodeStarting:
+		case !member.Started() || !owned[member.Name]:
+			stale = append(stale, member)
+		}
+	}
+	slices.SortStableFunc(stale, func(a, b etcd.Member) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.ID, b.ID))
+	})
+	return stale
+}
+
+// SafeToRemoveMember checks that removing member keeps etcd's quorum given
+// the health of the others, as SafeToRemove does for a machine's member. A
+// learner or an unnamed member does not vote, so its removal never costs
+// quorum; a voting member that is down may go only if the voting members left
+// keep quorum — the projection counts both that way. (KCP skips the check for
+// an unnamed member, ~1384–1391; here it still asks that the voters left be
+// able to commit the removal, which etcd needs anyway.)
+func SafeToRemoveMember(s *Snapshot, member etcd.Member) error {
+	if !s.EtcdManaged {
+		return nil
+	}
+	if p := etcd.Project(s.Members, etcd.Remove, member.ID); !p.Safe {
+		return exitcode.Unsafef("etcd member %s has no control-plane machine, and removing it would put quorum at risk: %s; check etcd's health (etcdctl member list, endpoint status)",
+			member, p.Reason())
+	}
+	return nil
+}
+
 // Leads reports whether m's etcd member is the leader.
 func Leads(s *Snapshot, m *clusterv1.Machine) bool {
 	member, ok := MemberOf(s, m)
@@ -248,7 +327,7 @@ func Leads(s *Snapshot, m *clusterv1.Machine) bool {
 }
 
 // LeaderCandidates returns the members leadership may move to when it leaves
-// m, best first: healthy voting members of machines that stay, up-to-date
+// m (nil for a member no machine owns), best first: healthy voting members of machines that stay, up-to-date
 // machines before outdated ones, newest first (the machine that will stay the
 // longest). KCP orders by its Machine conditions; those freeze while KCP is
 // paused, so this uses the live health instead.
@@ -261,7 +340,7 @@ func LeaderCandidates(s *Snapshot, m *clusterv1.Machine) []etcd.Member {
 	}
 	var cands []candidate
 	for _, other := range s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)) {
-		if other.Name == m.Name {
+		if m != nil && other.Name == m.Name {
 			continue
 		}
 		member, ok := MemberOf(s, other)

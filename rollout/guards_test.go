@@ -138,3 +138,38 @@ func TestCheckKCPVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleMembers: the members no machine owns, and KCP's holds — while any
+// machine lacks a node, none; while a machine's node has no member of its own,
+// no unnamed one (it may be that node's learner about to start); while a
+// machine is deleting, none.
+func TestStaleMembers(t *testing.T) {
+	names := func(s *Snapshot) string {
+		var out []string
+		for _, m := range StaleMembers(s) {
+			out = append(out, m.String())
+		}
+		return strings.Join(out, ", ")
+	}
+	cur := machineSpec{}
+	cases := []struct {
+		name string
+		s    *Snapshot
+		want string
+	}{
+		{"none", world(cur, cur, cur), ""},
+		{"unnamed first, then by name", withMembers(world(cur, cur, cur), staleDown, staleLearner), "(not started) [63], gone-node [64]"},
+		{"a machine without a node holds all", withMembers(world(cur, cur, machineSpec{noNode: true}), staleDown, staleLearner), ""},
+		{"a node without its member holds the unnamed one only", withMembers(world(cur, cur, machineSpec{noMember: true}), staleDown, staleLearner), "gone-node [64]"},
+		{"a deleting machine holds all", withMembers(world(cur, cur, machineSpec{deleting: true}), staleDown, staleLearner), ""},
+		{"a machine's own learner is no stale member", world(cur, cur, machineSpec{learner: true}), ""},
+		{"external etcd has none", external(withMembers(world(cur, cur, cur), staleDown)), ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := names(tc.s); got != tc.want {
+				t.Fatalf("stale members %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -56,6 +56,8 @@ func (e *Engine) Converge(ctx context.Context, t Target) error {
 			err = e.serveCleanupHook(ctx, s, next.Machine)
 		case AwaitDeletion:
 			err = e.awaitGone(ctx, t, next)
+		case RemoveStaleMember:
+			err = e.removeStaleMember(ctx, s, next)
 		default:
 			err = fmt.Errorf("no executor for step %q", next.Action)
 		}
@@ -268,8 +270,8 @@ func (e *Engine) deleteVictim(ctx context.Context, t Target, s *Snapshot, next S
 			return nil
 		}
 	}
-	if s.EtcdManaged && Leads(s, m) {
-		if err := e.forwardLeadership(ctx, s, m); err != nil {
+	if leader, ok := MemberOf(s, m); s.EtcdManaged && ok && leader.Leader {
+		if err := e.forwardLeadership(ctx, s, m, leader); err != nil {
 			return err
 		}
 	}
@@ -314,18 +316,28 @@ const maxLeaderRetries = 5
 
 // removeMember removes m's etcd member once quorum allows, leadership first.
 // It reports false, with no error, when the member won leadership back by
-// election in between: the loop reads again and moves it once more.
+// election in between (dropMember).
 func (e *Engine) removeMember(ctx context.Context, s *Snapshot, m *clusterv1.Machine, member etcd.Member) (removed bool, err error) {
 	if err := SafeToRemove(s, m); err != nil {
 		return false, err
 	}
 	if member.Leader {
-		if err := e.forwardLeadership(ctx, s, m); err != nil {
+		if err := e.forwardLeadership(ctx, s, m, member); err != nil {
 			return false, err
 		}
 	}
 	st := e.begin("remove-member", m.Name, "removing etcd member "+member.String())
 	defer st.end(&err)
+	return e.dropMember(ctx, s, st, member, " of machine "+m.Name)
+}
+
+// dropMember is the removal itself, within step st, for a machine's member and
+// a member no machine owns alike: etcd.RemoveMember lists the members afresh,
+// checks quorum again and waits out etcd's five-second rule. It reports false,
+// with no error, when the member leads again (elected in between): the loop
+// reads again and moves leadership once more, a few times at most. whose
+// follows the member's name in an error.
+func (e *Engine) dropMember(ctx context.Context, s *Snapshot, st *step, member etcd.Member, whose string) (removed bool, err error) {
 	held, err := e.Etcd.RemoveMember(ctx, EtcdNodes(s), member.ID)
 	st.held = held
 	if err != nil {
@@ -338,7 +350,7 @@ func (e *Engine) removeMember(ctx context.Context, s *Snapshot, m *clusterv1.Mac
 		if errors.As(err, &qe) {
 			return false, exitcode.New(exitcode.Unsafe, err)
 		}
-		return false, fmt.Errorf("removing etcd member %s of machine %s: %w", member, m.Name, err)
+		return false, fmt.Errorf("removing etcd member %s%s: %w", member, whose, err)
 	}
 	e.leaderRetries = 0
 	msg := "etcd member " + member.String() + " removed"
@@ -347,6 +359,24 @@ func (e *Engine) removeMember(ctx context.Context, s *Snapshot, m *clusterv1.Mac
 	}
 	st.done(msg)
 	return true, nil
+}
+
+// removeStaleMember removes an etcd member no machine owns, as KCP's
+// reconcileEtcdMembers does, the way a machine's member is removed
+// (dropMember). Such a member cannot be reached, so it is never healthy, but
+// the others may still follow it: leadership moves off it first. A member
+// elected leader in between is moved off on the next turn.
+func (e *Engine) removeStaleMember(ctx context.Context, s *Snapshot, next Step) (err error) {
+	member := next.Member
+	if member.Leader {
+		if err := e.forwardLeadership(ctx, s, nil, member); err != nil {
+			return err
+		}
+	}
+	st := e.begin(RemoveStaleMember, "", next.Reason)
+	defer st.end(&err)
+	_, err = e.dropMember(ctx, s, st, member, ", which no machine owns")
+	return err
 }
 
 // release removes the kcp-cleanup hook: the Machine controller finishes the
@@ -374,13 +404,13 @@ func (e *Engine) awaitGone(ctx context.Context, t Target, next Step) (err error)
 	return nil
 }
 
-// forwardLeadership moves etcd leadership off m's member to the best
-// candidate, and on failure to the next: each attempt is a step of its own.
-func (e *Engine) forwardLeadership(ctx context.Context, s *Snapshot, m *clusterv1.Machine) error {
-	from, _ := MemberOf(s, m)
+// forwardLeadership moves etcd leadership off from — m's member, or with m
+// nil a member no machine owns — to the best candidate, and on failure to the
+// next: each attempt is a step of its own.
+func (e *Engine) forwardLeadership(ctx context.Context, s *Snapshot, m *clusterv1.Machine, from etcd.Member) error {
 	candidates := LeaderCandidates(s, m)
 	if len(candidates) == 0 {
-		return exitcode.Unsafef("etcd member %s of machine %s leads and no healthy voting member can take over", from, m.Name)
+		return exitcode.Unsafef("etcd member %s%s leads and no healthy voting member can take over", from, ofMachine(m))
 	}
 	var tried []string
 	for _, to := range candidates {
@@ -390,13 +420,21 @@ func (e *Engine) forwardLeadership(ctx context.Context, s *Snapshot, m *clusterv
 		}
 		tried = append(tried, fmt.Sprintf("%s: %v", to, errors.Unwrap(err)))
 	}
-	return fmt.Errorf("could not move etcd leadership off %s (machine %s): %s", from, m.Name, strings.Join(tried, "; "))
+	return fmt.Errorf("could not move etcd leadership off %s%s: %s", from, ofMachine(m), strings.Join(tried, "; "))
+}
+
+// ofMachine names m after a member, for messages; nothing for no machine.
+func ofMachine(m *clusterv1.Machine) string {
+	if m == nil {
+		return ""
+	}
+	return " (machine " + m.Name + ")"
 }
 
 // moveLeader is one attempt of forwardLeadership; its error says that the
 // next candidate is tried, and wraps the cause.
 func (e *Engine) moveLeader(ctx context.Context, s *Snapshot, m *clusterv1.Machine, from, to etcd.Member) (err error) {
-	st := e.begin("move-leader", m.Name, fmt.Sprintf("moving etcd leadership from %s to %s", from, to))
+	st := e.begin("move-leader", machineName(m), fmt.Sprintf("moving etcd leadership from %s to %s", from, to))
 	defer st.end(&err)
 	// ForwardLeadership moves it only if from still leads, as KCP does.
 	if err := e.Etcd.ForwardLeadership(ctx, EtcdNodes(s), from.ID, to.ID); err != nil {

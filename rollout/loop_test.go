@@ -306,7 +306,11 @@ func (f *scripted) RemoveMember(_ context.Context, _ []etcd.Node, id uint64) (ti
 		}
 		return 0, etcd.ErrIsLeader
 	}
-	f.record("remove-member %s", f.world.Members[i].Name)
+	name := f.world.Members[i].Name
+	if name == "" {
+		name = fmt.Sprintf("%x", id) // kubeadm's learner before it starts
+	}
+	f.record("remove-member %s", name)
 	f.world.Members = append(f.world.Members[:i], f.world.Members[i+1:]...)
 	f.sample()
 	return f.held, nil
@@ -512,6 +516,52 @@ func TestConvergeReplacesOneMachineAtATime(t *testing.T) {
 	if wall := e.steps.last.Sub(e.steps.began); sum != wall {
 		t.Fatalf("summary adds up to %s, the steps took %s", sum, wall)
 	}
+}
+
+// TestConvergeRemovesAStaleLearner: a run that meets an etcd member no
+// machine owns — the learner of a replacement that failed mid-join and was
+// deleted — removes it as a step of its own before it creates anything (the
+// quorum projection, and etcd's single learner slot, would refuse the join),
+// and then converges.
+func TestConvergeRemovesAStaleLearner(t *testing.T) {
+	old := machineSpec{outdated: true}
+	f := newScripted(withMembers(world(machineSpec{outdated: true, leader: true}, old, old), staleLearner))
+	e, ev := engineFor(f, fast)
+	if err := converge(t, e, surge1); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"remove-member 63",
+		"create r1", "hook m0", "drain n0", "move-leader n0->node-r1", "delete m0", "remove-member n0", "release m0",
+		"create r2", "hook m1", "drain n1", "delete m1", "remove-member n1", "release m1",
+		"create r3", "hook m2", "drain n2", "delete m2", "remove-member n2", "release m2",
+	}
+	if got := strings.Join(f.calls, ", "); got != strings.Join(want, ", ") {
+		t.Fatalf("calls:\n got %s\nwant %s", got, strings.Join(want, ", "))
+	}
+	if !ev.find(string(RemoveStaleMember), progress.Done, "(not started) [63] removed") {
+		t.Fatalf("no done %s event naming the member: %v", RemoveStaleMember, ev.all)
+	}
+	if f.minHealthyVoters < 3 {
+		t.Fatalf("at least %d healthy voters; want 3", f.minHealthyVoters)
+	}
+	ev.paired(t)
+}
+
+// TestConvergeMovesLeadershipOffAStaleMember: the other members may still
+// follow a member no machine owns; leadership leaves it before it goes.
+func TestConvergeMovesLeadershipOffAStaleMember(t *testing.T) {
+	stale := staleDown
+	stale.Leader = true
+	f := newScripted(pausedByUs(withMembers(world(machineSpec{}, machineSpec{}, machineSpec{}), stale)))
+	e, ev := engineFor(f, fast)
+	if err := converge(t, e, surge1); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(f.calls, ", "), "move-leader gone-node->n2, remove-member gone-node"; got != want {
+		t.Fatalf("calls %s, want %s", got, want)
+	}
+	ev.paired(t)
 }
 
 // TestConvergeActsOnTheReadThatEndedAWait: a wait ends on a live read that

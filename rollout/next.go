@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/collections"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
+	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
 
@@ -35,6 +36,10 @@ const (
 	Create Action = "create"
 	// Delete: delete one control-plane machine (the victim).
 	Delete Action = "delete"
+	// RemoveStaleMember: remove an etcd member that no machine owns (left by
+	// a replacement that failed mid-join and was deleted), as KCP's
+	// reconcileEtcdMembers does.
+	RemoveStaleMember Action = "remove-stale-member"
 )
 
 // Step is Next's answer: one action and why.
@@ -42,6 +47,8 @@ type Step struct {
 	Action Action
 	// Machine is the machine acted on or waited for.
 	Machine *clusterv1.Machine
+	// Member is the etcd member RemoveStaleMember removes.
+	Member etcd.Member
 	// FailureDomain is where Create places the new machine.
 	FailureDomain string
 	// Reason is a sentence for people: what and why.
@@ -57,8 +64,16 @@ type Step struct {
 // and t, so plan, dry runs, status and the loop agree by construction.
 //
 // The order is the safety argument: first refuse broken states, then finish
-// any deletion in progress, then wait for any machine still joining, and only
-// then — with every machine healthy — create or delete exactly one machine.
+// any deletion in progress, then wait for any machine still joining, then —
+// with every machine healthy — remove an etcd member no machine owns, and only
+// then create or delete exactly one machine.
+//
+// A member no machine owns comes before any create or delete: while it is
+// there the quorum projection refuses both (it counts as a join in progress),
+// and an unnamed one holds etcd's only learner slot, which the next join
+// needs. It comes after deletions and joins: until those are finished, a
+// member without a machine may yet be one's (StaleMembers holds), and KCP too
+// removes such members only once no machine is provisioning.
 func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	if err := MissingPieces(s); err != nil {
 		return refuse(err)
@@ -115,6 +130,18 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		step := refuse(err)
 		step.Machine, step.Transient = m, true
 		return step
+	}
+	if stale := StaleMembers(s); len(stale) > 0 {
+		member := stale[0]
+		if err := SafeToRemoveMember(s, member); err != nil {
+			return refuse(err)
+		}
+		why := "no machine's node is named " + member.Name
+		if !member.Started() {
+			why = "a learner that never started, and no machine is joining"
+		}
+		return Step{Action: RemoveStaleMember, Member: member,
+			Reason: fmt.Sprintf("remove etcd member %s, which no control-plane machine owns (%s)", member, why)}
 	}
 	if err := Healthy(s); err != nil {
 		return refuse(err)

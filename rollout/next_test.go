@@ -168,12 +168,36 @@ func TestNext(t *testing.T) {
 		{name: "an in-place update in progress is refused", s: world(old, machineSpec{inPlace: true}, old), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "machine m1 is being updated in place"},
 		{name: "a pending UpdateMachine hook is refused", s: world(cur, cur, machineSpec{updateHook: true}), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "machine m2 is being updated in place"},
 		{name: "no machine at all is refused", s: world(), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "no control-plane machine"},
+
+		// Members no machine owns (a replacement failed mid-join and was deleted).
+		{name: "a stale unnamed learner is removed before anything is created",
+			s: withMembers(world(old, old, old), staleLearner), t: upgrade, action: RemoveStaleMember, says: "(not started) [63]"},
+		{name: "a stale unnamed learner is removed before a surge-0 deletion",
+			s: withMembers(world(old, old, old), staleLearner), t: surge0, action: RemoveStaleMember, says: "(not started) [63]"},
+		{name: "an unnamed learner is kept while a machine is provisioning: it may be that machine's",
+			s: withMembers(world(old, old, old, machineSpec{noNode: true}), staleLearner), t: upgrade, action: AwaitJoin, machine: "m3"},
+		{name: "an unnamed learner is kept while a machine's node has no member yet",
+			s: withMembers(world(old, old, old, machineSpec{noMember: true}), staleLearner), t: upgrade, action: AwaitJoin, machine: "m3"},
+		{name: "an unnamed learner is kept while a machine is deleting",
+			s: withMembers(world(old, old, machineSpec{outdated: true, deleting: true}, cur), staleLearner), t: upgrade, action: AwaitDeletion, machine: "m2"},
+		{name: "a stale named voter that is down goes when the voters left keep quorum",
+			s: withMembers(world(cur, cur, cur), staleDown), t: upgrade, action: RemoveStaleMember, says: "gone-node [64]"},
+		{name: "the unnamed one goes first, as KCP orders them",
+			s: withMembers(world(cur, cur, cur), staleDown, staleLearner), t: upgrade, action: RemoveStaleMember, says: "(not started) [63]"},
+		{name: "a stale voter whose removal would cost quorum is refused, named",
+			s: withMembers(world(cur), staleDown, etcd.Member{ID: 0x65, Name: "lost-node"}), t: Target{Replicas: 1, MaxSurge: 1},
+			action: Refuse, code: exitcode.Unsafe, says: "etcd member gone-node [64] has no control-plane machine"},
+		{name: "no stale member with external etcd",
+			s: external(withMembers(world(cur, cur, cur), staleDown)), t: upgrade, action: Done},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			step := Next(context.Background(), tc.s, tc.t)
 			if step.Action != tc.action {
 				t.Fatalf("action %s (%s), want %s", step.Action, step.Reason, tc.action)
+			}
+			if tc.action == RemoveStaleMember && !strings.Contains(tc.says, step.Member.String()) {
+				t.Fatalf("removes member %s, want %s", step.Member, tc.says)
 			}
 			if tc.machine != "" && (step.Machine == nil || step.Machine.Name != tc.machine) {
 				t.Fatalf("machine %v, want %s (%s)", machineName(step.Machine), tc.machine, step.Reason)
@@ -186,6 +210,24 @@ func TestNext(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Members that no machine owns, as a replacement that failed mid-join and was
+// deleted leaves them: kubeadm's learner that never started, and a started
+// member whose node is gone (never reachable, so never healthy).
+var (
+	staleLearner = etcd.Member{ID: 0x63, Learner: true}
+	staleDown    = etcd.Member{ID: 0x64, Name: "gone-node"}
+)
+
+func withMembers(s *Snapshot, members ...etcd.Member) *Snapshot {
+	s.Members = append(s.Members, members...)
+	return s
+}
+
+func external(s *Snapshot) *Snapshot {
+	s.EtcdManaged = false
+	return s
 }
 
 func TestQuorumGuards(t *testing.T) {
@@ -268,6 +310,10 @@ func TestPlan(t *testing.T) {
 		{"one replica", world(old), Target{Replicas: 1, MaxSurge: 1}, "create, delete m0"},
 		{"scale 3 to 1", world(machineSpec{}, machineSpec{}, machineSpec{}), Target{Replicas: 1, MaxSurge: 1}, "delete m0, delete m1"},
 		{"nothing to do", world(machineSpec{}, machineSpec{}, machineSpec{}), Target{Replicas: 3, MaxSurge: 1}, ""},
+		{"a stale member goes first", withMembers(world(old, old, old), staleLearner), Target{Replicas: 3, MaxSurge: 1},
+			"remove-stale-member, create, delete m0, create, delete m1, create, delete m2"},
+		{"stale members only", withMembers(world(machineSpec{}, machineSpec{}, machineSpec{}), staleDown, staleLearner), Target{Replicas: 3, MaxSurge: 1},
+			"remove-stale-member, remove-stale-member"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

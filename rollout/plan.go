@@ -23,7 +23,7 @@ const maxPlannedSteps = 200
 // Plan projects the steps the loop would take from s towards t: it asks Next,
 // applies the step's expected outcome to a copy of the snapshot (a new machine
 // joins healthy, a deleted machine and its member go, leadership moves to the
-// first candidate), and asks again — so a plan is what the loop decides, not a
+// first candidate, a member no machine owns goes), and asks again — so a plan is what the loop decides, not a
 // second implementation of it. It stops at Done or at a refusal, which it
 // includes.
 func Plan(ctx context.Context, s *Snapshot, t Target) []Step {
@@ -74,6 +74,8 @@ func project(ctx context.Context, s *Snapshot, t Target, made int) ([]Step, int)
 			s.heal(step.Machine)
 		case Delete, ServeCleanupHook, AwaitDeletion:
 			s.remove(step.Machine)
+		case RemoveStaleMember:
+			s.Members = slices.DeleteFunc(s.Members, func(m etcd.Member) bool { return m.ID == step.Member.ID })
 		}
 	}
 	return steps, made

@@ -104,7 +104,9 @@ type MemberStatus struct {
 type NextStatus struct {
 	Action  string `json:"action"`
 	Machine string `json:"machine,omitempty"`
-	Reason  string `json:"reason"`
+	// Member is the etcd member remove-stale-member removes.
+	Member string `json:"member,omitempty"`
+	Reason string `json:"reason"`
 }
 
 // Status reads the control plane without changing anything and without the
@@ -171,7 +173,16 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 	}
 	if live {
 		step := Next(ctx, s, Target{Replicas: Replicas(s), MaxSurge: KCPMaxSurge(s.CP.KCP)})
-		st.Next = &NextStatus{Action: string(step.Action), Machine: machineName(step.Machine), Reason: step.Reason}
+		st.Next = &NextStatus{Action: string(step.Action), Machine: machineName(step.Machine), Member: memberName(step), Reason: step.Reason}
 	}
 	return st, nil
+}
+
+// memberName names the member a step removes, "" for the steps that act on a
+// machine.
+func memberName(step Step) string {
+	if step.Action != RemoveStaleMember {
+		return ""
+	}
+	return step.Member.String()
 }

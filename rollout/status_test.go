@@ -35,3 +35,16 @@ func TestStatusWithoutTheWorkloadCluster(t *testing.T) {
 		t.Errorf("with the workload cluster: managementOnly %v, %d members, next %v", st.ManagementOnly, len(st.EtcdMembers), st.Next)
 	}
 }
+
+// TestStatusShowsAStaleMemberAsNext: status's next names the removal of a
+// member no machine owns, and the member, as the loop would take it.
+func TestStatusShowsAStaleMemberAsNext(t *testing.T) {
+	f := newScripted(withMembers(world(machineSpec{}, machineSpec{}, machineSpec{}), staleLearner))
+	st, err := (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Next == nil || st.Next.Action != string(RemoveStaleMember) || st.Next.Member != staleLearner.String() {
+		t.Fatalf("next %+v, want %s of %s", st.Next, RemoveStaleMember, staleLearner)
+	}
+}
