@@ -119,3 +119,36 @@ func (s *Sim) FreezeWorkloadAPIServer() (thaw func() error, err error) {
 	}
 	return func() error { return syscall.Kill(pid, syscall.SIGCONT) }, nil
 }
+
+// AddStrayLearner adds an etcd member as a learner at peerURL and never
+// starts it, as a join that failed after kubeadm's MemberAddAsLearner
+// leaves one: listed without a name, owned by no machine. It returns the
+// member's ID.
+func (s *Sim) AddStrayLearner(ctx context.Context, peerURL string) (uint64, error) {
+	var endpoints []string
+	for _, n := range s.provider.snapshot() {
+		if n.EtcdClientURL != "" {
+			endpoints = append(endpoints, n.EtcdClientURL)
+		}
+	}
+	c, err := s.EtcdClient(ctx, endpoints...)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	// etcd refuses a new member until the one that takes the request has
+	// been connected to its peers for a while: try again as kubeadm does.
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := c.MemberAddAsLearner(callCtx, []string{peerURL})
+		cancel()
+		if err == nil {
+			return resp.Member.ID, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("adding a learner at %s: %w", peerURL, err)
+		case <-time.After(time.Second):
+		}
+	}
+}
