@@ -54,10 +54,16 @@ func ParseVersion(v string) (semver.Version, error) {
 		return semver.Version{}, exitcode.Usagef("version %q must start with \"v\", like v1.36.3", v)
 	}
 	parsed, err := semver.Parse(v[1:])
-	if err != nil {
-		return semver.Version{}, exitcode.Usagef("version %q is not a semantic version like v1.36.3: %v", v, err)
+	switch {
+	case err == nil:
+		return parsed, nil
+	case strings.Count(v, ".") == 1:
+		// semver's own words ("No Major.Minor.Patch elements found") would
+		// not tell the user that a minor alone names no release.
+		return semver.Version{}, exitcode.Usagef("version %q is not a semantic version: it names a minor, not a release; give the patch release too, like %s.0", v, v)
+	default:
+		return semver.Version{}, exitcode.Usagef("version %q is not a semantic version like v1.36.3 (vMAJOR.MINOR.PATCH)", v)
 	}
-	return parsed, nil
 }
 
 // Desired returns the KubeadmControlPlane as the request would set it, and

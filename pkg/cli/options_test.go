@@ -267,7 +267,7 @@ func TestBadInputRefusedBeforeAnyCluster(t *testing.T) {
 		says string
 	}{
 		{[]string{"upgrade", "demo", "--version", "1.36.3"}, 2, `must start with "v"`},
-		{[]string{"upgrade", "demo", "--version", "v1.36"}, 2, "not a semantic version"},
+		{[]string{"upgrade", "demo", "--version", "v1.36"}, 2, "names a minor, not a release; give the patch release too, like v1.36.0"},
 		{[]string{"upgrade", "demo", "--version", "vlatest"}, 2, "not a semantic version"},
 		{[]string{"upgrade", "demo", "--version", "v1.36.3.1"}, 2, "not a semantic version"},
 		{[]string{"upgrade", "demo"}, 2, "--version is required"},
