@@ -327,16 +327,23 @@ func Leads(s *Snapshot, m *clusterv1.Machine) bool {
 }
 
 // LeaderCandidates returns the members leadership may move to when it leaves
-// m (nil for a member no machine owns), best first: healthy voting members of machines that stay, up-to-date
-// machines before outdated ones, newest first (the machine that will stay the
-// longest). KCP orders by its Machine conditions; those freeze while KCP is
-// paused, so this uses the live health instead.
+// m (nil for a member no machine owns), best first: healthy voting members of
+// machines that stay; one a MachineHealthCheck has condemned for remediation
+// last of all (it is about to go); then up-to-date machines before outdated
+// ones, newest first (the machine that will stay the longest). KCP orders by
+// its Machine conditions (getCandidatesForEtcdLeadership); its own freeze
+// while KCP is paused, so etcd health is read live here, while the
+// remediation verdict is written by the MachineHealthCheck controller, which
+// a paused KCP does not stop. KCP also ranks a machine whose health check has
+// not succeeded yet after one whose has; that would rank a replacement the
+// check has not looked at yet below the outdated machines about to go, and
+// make leadership move once more for each of them.
 func LeaderCandidates(s *Snapshot, m *clusterv1.Machine) []etcd.Member {
 	outdated, _ := s.CP.NotUpToDateMachines()
 	type candidate struct {
-		member   etcd.Member
-		upToDate bool
-		machine  *clusterv1.Machine
+		member              etcd.Member
+		condemned, upToDate bool
+		machine             *clusterv1.Machine
 	}
 	var cands []candidate
 	for _, other := range s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)) {
@@ -347,9 +354,13 @@ func LeaderCandidates(s *Snapshot, m *clusterv1.Machine) []etcd.Member {
 		if !ok || !member.Voting() || !member.Healthy {
 			continue
 		}
-		cands = append(cands, candidate{member, !outdated.Has(other), other})
+		cands = append(cands, candidate{member: member, upToDate: !outdated.Has(other), machine: other,
+			condemned: conditions.IsFalse(other, clusterv1.MachineOwnerRemediatedCondition)})
 	}
 	sort.SliceStable(cands, func(i, j int) bool {
+		if cands[i].condemned != cands[j].condemned {
+			return !cands[i].condemned
+		}
 		if cands[i].upToDate != cands[j].upToDate {
 			return cands[i].upToDate
 		}

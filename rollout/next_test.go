@@ -17,6 +17,7 @@ import (
 	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -271,6 +272,21 @@ func TestLeaderCandidates(t *testing.T) {
 	}
 	if got, want := strings.Join(names, ","), "n3,n2,n1"; got != want {
 		t.Fatalf("candidates %s, want %s (up to date first, newest first, never the deleting one)", got, want)
+	}
+	// A machine a MachineHealthCheck condemned goes last, even up to date and
+	// newest; one it finds healthy keeps its place.
+	condemn := func(m *clusterv1.Machine, ownerRemediated metav1.ConditionStatus) {
+		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineHealthCheckSucceededCondition, Status: metav1.ConditionFalse, Reason: "UnhealthyNode"})
+		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineOwnerRemediatedCondition, Status: ownerRemediated, Reason: "WaitingForRemediation"})
+	}
+	condemn(s.CP.Machines["m3"], metav1.ConditionFalse)
+	conditions.Set(s.CP.Machines["m1"], metav1.Condition{Type: clusterv1.MachineHealthCheckSucceededCondition, Status: metav1.ConditionTrue, Reason: "Succeeded"})
+	names = nil
+	for _, c := range LeaderCandidates(s, s.CP.Machines.Oldest()) {
+		names = append(names, c.Name)
+	}
+	if got, want := strings.Join(names, ","), "n2,n1,n3"; got != want {
+		t.Fatalf("candidates %s, want %s (the MachineHealthCheck's condemned one last)", got, want)
 	}
 	// Unhealthy and learner members are never candidates.
 	s = world(machineSpec{leader: true}, machineSpec{unhealthy: true}, machineSpec{learner: true}, machineSpec{unnamed: true})
