@@ -8,9 +8,9 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/annotations"
 
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
-	"sigs.k8s.io/cluster-api/util/annotations"
 )
 
 // drainLimit bounds the head-start drain: pods that take longer to end are

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/utils/ptr"
 
 	"sigs.k8s.io/cluster-api/util/collections"
@@ -32,13 +31,9 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 		return nil, err
 	}
 	var done []string
-	var st *step
-	holder, err := e.ControlPlane.BreakLock(ctx, force, func(l *coordinationv1.Lease) {
-		st = e.begin("await-lock", "", awaitingLock(l, "broken"))
-	})
-	if st != nil {
-		st.end(&err)
-	}
+	w := e.lockWait("broken")
+	holder, err := e.ControlPlane.BreakLock(ctx, force, w.watching)
+	w.end(&err)
 	if err != nil {
 		return nil, err
 	}

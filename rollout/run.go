@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	"time"
 
 	"github.com/blang/semver/v4"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -172,24 +172,37 @@ func (e *Engine) lockedByAnotherRun(ctx context.Context) error {
 }
 
 // acquire takes the cluster's lock; a Lease another run holds is a step of
-// its own, await-lock, while the tool watches whether its holder still
-// renews it.
+// its own while the tool watches whether its holder still renews it.
 func (e *Engine) acquire(ctx context.Context) (lock *controlplane.Lock, err error) {
-	var st *step
-	lock, err = e.ControlPlane.Acquire(ctx, controlplane.Who(), func(l *coordinationv1.Lease) {
-		st = e.begin("await-lock", "", awaitingLock(l, "taken over"))
-	})
-	if st != nil {
-		st.end(&err)
-	}
+	w := e.lockWait("taken over")
+	lock, err = e.ControlPlane.Acquire(ctx, controlplane.Who(), w.watching)
+	w.end(&err)
 	return lock, err
 }
 
-// awaitingLock says what watching a held Lease means, and what is done
-// with it if nobody renews it.
-func awaitingLock(l *coordinationv1.Lease, then string) string {
-	return fmt.Sprintf("the lock is held by %s: watching whether it is still renewed; if it goes %s without, it is %s",
-		controlplane.Holder(l), controlplane.LeaseDuration, then)
+// lockWait is the await-lock step of taking (Acquire) or breaking
+// (BreakLock) a Lease that someone holds: it begins only if the call starts
+// watching one, and then says what becomes of the Lease (then) if nobody
+// renews it.
+type lockWait struct {
+	e    *Engine
+	then string
+	st   *step
+}
+
+func (e *Engine) lockWait(then string) *lockWait { return &lockWait{e: e, then: then} }
+
+// watching is the call's waiting hook.
+func (w *lockWait) watching(l *coordinationv1.Lease) {
+	w.st = w.e.begin("await-lock", "", fmt.Sprintf("the lock is held by %s: watching whether it is still renewed; if it goes %s without, it is %s",
+		controlplane.Holder(l), controlplane.LeaseDuration, w.then))
+}
+
+// end closes the step, if the call began one, with the call's error.
+func (w *lockWait) end(err *error) {
+	if w.st != nil {
+		w.st.end(err)
+	}
 }
 
 // LeftPaused reports, from a live read, whether the KubeadmControlPlane is

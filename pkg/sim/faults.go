@@ -125,11 +125,9 @@ func (s *Sim) FreezeWorkloadAPIServer() (thaw func() error, err error) {
 // leaves one: listed without a name, owned by no machine. It returns the
 // member's ID.
 func (s *Sim) AddStrayLearner(ctx context.Context, peerURL string) (uint64, error) {
-	var endpoints []string
-	for _, n := range s.provider.snapshot() {
-		if n.EtcdClientURL != "" {
-			endpoints = append(endpoints, n.EtcdClientURL)
-		}
+	endpoints, err := s.etcdEndpoints()
+	if err != nil {
+		return 0, err
 	}
 	c, err := s.EtcdClient(ctx, endpoints...)
 	if err != nil {

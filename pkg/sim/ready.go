@@ -48,16 +48,10 @@ type EtcdMember struct {
 // EtcdMembers lists the etcd cluster's members through any running member
 // and asks each for its status.
 func (s *Sim) EtcdMembers(ctx context.Context) ([]EtcdMember, error) {
-	var endpoints []string
-	for _, n := range s.provider.snapshot() {
-		if n.EtcdClientURL != "" {
-			endpoints = append(endpoints, n.EtcdClientURL)
-		}
+	endpoints, err := s.etcdEndpoints()
+	if err != nil {
+		return nil, err
 	}
-	if len(endpoints) == 0 {
-		return nil, errors.New("no etcd member runs")
-	}
-	sort.Strings(endpoints)
 	c, err := s.EtcdClient(ctx, endpoints...)
 	if err != nil {
 		return nil, err
@@ -81,6 +75,21 @@ func (s *Sim) EtcdMembers(ctx context.Context) ([]EtcdMember, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
+}
+
+// etcdEndpoints are the client URLs of the running etcd members, sorted.
+func (s *Sim) etcdEndpoints() ([]string, error) {
+	var endpoints []string
+	for _, n := range s.provider.snapshot() {
+		if n.EtcdClientURL != "" {
+			endpoints = append(endpoints, n.EtcdClientURL)
+		}
+	}
+	if len(endpoints) == 0 {
+		return nil, errors.New("no etcd member runs")
+	}
+	sort.Strings(endpoints)
+	return endpoints, nil
 }
 
 // EtcdClient is an etcd client for the given endpoints with a client
