@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/blang/semver/v4"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/utils/ptr"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
@@ -38,18 +39,68 @@ func Deleting(s *Snapshot) collections.Machines {
 }
 
 // NeedingRollout returns the machines to replace: those KCP's own UpToDate
-// calls outdated, plus the machine named for replacement — never a deleting
-// machine, which is already going (counting it again is what made KCP create
-// a second replacement in CAPI issue 2915).
+// calls outdated, plus the condemned ones — never a deleting machine, which
+// is already going (counting it again is what made KCP create a second
+// replacement in CAPI issue 2915).
 func NeedingRollout(s *Snapshot, t Target) collections.Machines {
 	outdated, _ := s.CP.MachinesNeedingRollout()
-	if t.Replace != "" {
+	if condemned := Condemned(s, t); condemned.Len() > 0 {
 		outdated = outdated.DeepCopy()
-		outdated.Insert(s.CP.Machines.Filter(
-			func(m *clusterv1.Machine) bool { return m != nil && m.Name == t.Replace },
-			collections.Not(collections.HasDeletionTimestamp)).UnsortedList()...)
+		outdated.Insert(condemned.UnsortedList()...)
 	}
 	return outdated
+}
+
+// Condemned returns the machines to replace before anything else, healthy or
+// not: the machine named for replacement, those the run was asked to replace
+// because it found them broken (--replace-unhealthy), and those a
+// MachineHealthCheck marked for remediation (OwnerRemediated=False), which
+// KCP too replaces before any rollout step. A condemned machine's ill health
+// holds nothing up: it is about to go, and the guards judge the control plane
+// without it. Never a deleting machine: it is already going.
+func Condemned(s *Snapshot, t Target) collections.Machines {
+	named := sets.New(t.Condemned...)
+	if t.Replace != "" {
+		named.Insert(t.Replace)
+	}
+	return s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp), func(m *clusterv1.Machine) bool {
+		return m != nil && (named.Has(m.Name) || RemediationWanted(m))
+	})
+}
+
+// RemediationWanted reports whether a MachineHealthCheck has condemned m:
+// its OwnerRemediated condition is False until the owner (KCP, or this tool
+// in its stead) replaces it. The MachineHealthCheck controller keeps writing
+// it while KCP is paused.
+func RemediationWanted(m *clusterv1.Machine) bool {
+	return m != nil && conditions.IsFalse(m, clusterv1.MachineOwnerRemediatedCondition)
+}
+
+// Broken returns the machines that came up once and then went bad: a node,
+// and with stacked etcd a member that was promoted to voter, yet a Problem
+// now. A rollout that met such a machine would stall on it (it is neither
+// joining nor healthy), so a run refuses it before it takes over, naming the
+// replace command — or condemns it when asked to. Not broken: a deleting
+// machine (it is going), a condemned one (it is to be replaced anyway), a
+// machine still coming up (no node, no promoted member: waited on as a join),
+// and, when mine is the record of an operation of this tool's in progress, an
+// up-to-date machine — the interrupted run's replacement, which the resumed
+// run waits on as a join.
+func Broken(s *Snapshot, t Target, resuming bool) collections.Machines {
+	condemned := Condemned(s, t)
+	return s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp), func(m *clusterv1.Machine) bool {
+		if m == nil || condemned.Has(m) || Problem(s, m) == nil || nodeName(m) == "" {
+			return false
+		}
+		if resuming && !s.CP.MachinesNotUpToDate.Has(m) {
+			return false
+		}
+		if !s.EtcdManaged {
+			return true
+		}
+		member, ok := MemberOf(s, m)
+		return ok && member.Voting()
+	})
 }
 
 // MissingPieces names a machine whose InfraMachine or KubeadmConfig cannot be
@@ -328,8 +379,8 @@ func Leads(s *Snapshot, m *clusterv1.Machine) bool {
 
 // LeaderCandidates returns the members leadership may move to when it leaves
 // m (nil for a member no machine owns), best first: healthy voting members of
-// machines that stay; one a MachineHealthCheck has condemned for remediation
-// last of all (it is about to go); then up-to-date machines before outdated
+// machines that stay — never one a MachineHealthCheck has condemned for
+// remediation (it is about to go) — up-to-date machines before outdated
 // ones, newest first (the machine that will stay the longest). KCP orders by
 // its Machine conditions (getCandidatesForEtcdLeadership); its own freeze
 // while KCP is paused, so etcd health is read live here, while the
@@ -341,12 +392,12 @@ func Leads(s *Snapshot, m *clusterv1.Machine) bool {
 func LeaderCandidates(s *Snapshot, m *clusterv1.Machine) []etcd.Member {
 	outdated, _ := s.CP.NotUpToDateMachines()
 	type candidate struct {
-		member              etcd.Member
-		condemned, upToDate bool
-		machine             *clusterv1.Machine
+		member   etcd.Member
+		upToDate bool
+		machine  *clusterv1.Machine
 	}
 	var cands []candidate
-	for _, other := range s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)) {
+	for _, other := range s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp), collections.Not(RemediationWanted)) {
 		if m != nil && other.Name == m.Name {
 			continue
 		}
@@ -354,13 +405,9 @@ func LeaderCandidates(s *Snapshot, m *clusterv1.Machine) []etcd.Member {
 		if !ok || !member.Voting() || !member.Healthy {
 			continue
 		}
-		cands = append(cands, candidate{member: member, upToDate: !outdated.Has(other), machine: other,
-			condemned: conditions.IsFalse(other, clusterv1.MachineOwnerRemediatedCondition)})
+		cands = append(cands, candidate{member: member, upToDate: !outdated.Has(other), machine: other})
 	}
 	sort.SliceStable(cands, func(i, j int) bool {
-		if cands[i].condemned != cands[j].condemned {
-			return !cands[i].condemned
-		}
 		if cands[i].upToDate != cands[j].upToDate {
 			return cands[i].upToDate
 		}

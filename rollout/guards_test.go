@@ -173,3 +173,38 @@ func TestStaleMembers(t *testing.T) {
 		})
 	}
 }
+
+func TestBroken(t *testing.T) {
+	upgrade := Target{Operation: "upgrade", Replicas: 3, MaxSurge: 1}
+	cases := []struct {
+		name     string
+		s        *Snapshot
+		t        Target
+		resuming bool
+		want     string
+	}{
+		{name: "all healthy", s: world(machineSpec{}, machineSpec{}, machineSpec{}), t: upgrade},
+		{name: "a stopped member", s: world(machineSpec{}, machineSpec{unhealthy: true}, machineSpec{}), t: upgrade, want: "m1"},
+		{name: "a static pod down beside a promoted member", s: world(machineSpec{}, machineSpec{}, machineSpec{podDown: true}), t: upgrade, want: "m2"},
+		{name: "a node down", s: world(machineSpec{nodeDown: true}, machineSpec{}, machineSpec{}), t: upgrade, want: "m0"},
+		{name: "no node yet is a join, not broken", s: world(machineSpec{}, machineSpec{}, machineSpec{noNode: true}), t: upgrade},
+		{name: "a learner is a join, not broken", s: world(machineSpec{}, machineSpec{}, machineSpec{learner: true}), t: upgrade},
+		{name: "a deleting machine is going", s: world(machineSpec{}, machineSpec{deleting: true, unhealthy: true}, machineSpec{}), t: upgrade},
+		{name: "the machine named for replacement is condemned, not broken",
+			s: world(machineSpec{}, machineSpec{unhealthy: true}, machineSpec{}), t: Target{Replicas: 3, MaxSurge: 1, Replace: "m1"}},
+		{name: "a machine a MachineHealthCheck condemned is to be replaced anyway",
+			s: world(machineSpec{}, machineSpec{unhealthy: true, mhc: true}, machineSpec{}), t: upgrade},
+		{name: "resuming, an up-to-date machine is the interrupted run's replacement",
+			s: world(machineSpec{outdated: true}, machineSpec{outdated: true}, machineSpec{podDown: true}), t: upgrade, resuming: true},
+		{name: "resuming, an outdated broken machine is broken",
+			s: world(machineSpec{outdated: true, podDown: true}, machineSpec{outdated: true}, machineSpec{}), t: upgrade, resuming: true, want: "m0"},
+		{name: "external etcd: a node down", s: external(world(machineSpec{}, machineSpec{nodeDown: true})), t: upgrade, want: "m1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := strings.Join(Broken(tc.s, tc.t, tc.resuming).Names(), ","); got != tc.want {
+				t.Fatalf("broken %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -117,9 +117,10 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	if err := TargetUnchanged(s, t); err != nil {
 		return refuse(err)
 	}
+	condemned := Condemned(s, t)
 	for _, m := range machines.SortedByCreationTimestamp() {
 		err := Problem(s, m)
-		if err == nil {
+		if err == nil || condemned.Has(m) {
 			continue
 		}
 		if !s.CP.MachinesNotUpToDate.Has(m) && Joining(s, m) {
@@ -143,7 +144,7 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		return Step{Action: RemoveStaleMember, Member: member,
 			Reason: fmt.Sprintf("remove etcd member %s, which no control-plane machine owns (%s)", member, why)}
 	}
-	if err := Healthy(s); err != nil {
+	if err := Healthy(s, condemned.UnsortedList()...); err != nil {
 		return refuse(err)
 	}
 
@@ -153,14 +154,32 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	case count < t.Replicas:
 		return create(ctx, s, t, fmt.Sprintf("%d of %d control-plane machines", count, t.Replicas))
 	case count > t.Replicas:
-		return remove(ctx, s, outdated, fmt.Sprintf("%d control-plane machines, %d wanted", count, t.Replicas))
+		return remove(ctx, s, t, outdated, fmt.Sprintf("%d control-plane machines, %d wanted", count, t.Replicas))
 	case outdated.Len() == 0:
 		return Step{Action: Done, Reason: fmt.Sprintf("%d control-plane machines, all up to date", count)}
-	case t.MaxSurge > 0:
+	case t.MaxSurge > 0 && (SafeToAdd(s) == nil || lost(s, condemned).Len() == 0):
 		return create(ctx, s, t, fmt.Sprintf("%d machine(s) to replace, surge first", outdated.Len()))
+	case t.MaxSurge > 0:
+		// As KCP's remediation does: a machine whose etcd member is lost goes
+		// before its replacement comes. Its removal lowers the quorum the
+		// new member would otherwise have to help reach.
+		return remove(ctx, s, t, lost(s, condemned), fmt.Sprintf("%d machine(s) to replace; machine(s) %s lost their etcd member: delete first",
+			outdated.Len(), strings.Join(lost(s, condemned).Names(), ", ")))
 	default:
-		return remove(ctx, s, outdated, fmt.Sprintf("%d machine(s) to replace, no spare capacity: delete first", outdated.Len()))
+		return remove(ctx, s, t, outdated, fmt.Sprintf("%d machine(s) to replace, no spare capacity: delete first", outdated.Len()))
 	}
+}
+
+// lost selects the machines among condemned whose etcd member is not a
+// healthy voter: the quorum projection counts it against every add.
+func lost(s *Snapshot, condemned collections.Machines) collections.Machines {
+	return condemned.Filter(func(m *clusterv1.Machine) bool {
+		if !s.EtcdManaged {
+			return false
+		}
+		member, ok := MemberOf(s, m)
+		return ok && !member.HealthyVoter()
+	})
 }
 
 func refuse(err error) Step {
@@ -205,9 +224,14 @@ func create(ctx context.Context, s *Snapshot, t Target, why string) Step {
 	return Step{Action: Create, FailureDomain: fd, Reason: reason}
 }
 
-// remove picks the victim in KCP's order and checks it may go.
-func remove(ctx context.Context, s *Snapshot, outdated collections.Machines, why string) Step {
-	victim, err := Victim(ctx, s, outdated)
+// remove picks the victim — a condemned machine first, as KCP remediates
+// before it rolls out, then in KCP's order — and checks it may go.
+func remove(ctx context.Context, s *Snapshot, t Target, outdated collections.Machines, why string) Step {
+	candidates := outdated
+	if condemned := outdated.Filter(inSet(Condemned(s, t))); condemned.Len() > 0 {
+		candidates = condemned
+	}
+	victim, err := Victim(ctx, s, candidates)
 	if err != nil {
 		return refuse(err)
 	}
@@ -251,4 +275,9 @@ func Victim(ctx context.Context, s *Snapshot, outdated collections.Machines) (*c
 // Replicas returns the KubeadmControlPlane's desired replicas.
 func Replicas(s *Snapshot) int32 {
 	return ptr.Deref(s.CP.KCP.Spec.Replicas, 1)
+}
+
+// inSet selects the machines in set.
+func inSet(set collections.Machines) collections.Func {
+	return func(m *clusterv1.Machine) bool { return m != nil && set.Has(m) }
 }

@@ -47,6 +47,8 @@ type machineSpec struct {
 	// inPlace marks an in-place update in progress: its annotation, or a
 	// pending UpdateMachine hook.
 	inPlace, updateHook bool
+	// mhc marks a machine a MachineHealthCheck condemned: OwnerRemediated=False.
+	mhc bool
 }
 
 func world(specs ...machineSpec) *Snapshot {
@@ -92,6 +94,9 @@ func world(specs ...machineSpec) *Snapshot {
 				reason = clusterv1.MachineDeletingWaitingForPreTerminateHookReason
 			}
 			m.Status.Conditions = []metav1.Condition{{Type: clusterv1.MachineDeletingCondition, Status: metav1.ConditionTrue, Reason: reason}}
+		}
+		if sp.mhc {
+			conditions.Set(m, metav1.Condition{Type: clusterv1.MachineOwnerRemediatedCondition, Status: metav1.ConditionFalse, Reason: "WaitingForRemediation"})
 		}
 		s.CP.Machines.Insert(m)
 		if sp.outdated {
@@ -190,6 +195,28 @@ func TestNext(t *testing.T) {
 			action: Refuse, code: exitcode.Unsafe, says: "etcd member gone-node [64] has no control-plane machine"},
 		{name: "no stale member with external etcd",
 			s: external(withMembers(world(cur, cur, cur), staleDown)), t: upgrade, action: Done},
+
+		// Broken machines to replace: judged without them, and replaced first.
+		{name: "replace of a machine whose member is lost deletes it first",
+			s: world(cur, machineSpec{unhealthy: true}, cur), t: Target{Replicas: 3, MaxSurge: 1, Replace: "m1"}, action: Delete, machine: "m1", says: "lost their etcd member"},
+		{name: "replace of a dead machine with surge 0 deletes it",
+			s: world(cur, machineSpec{unhealthy: true, podDown: true}, cur), t: Target{Replicas: 3, MaxSurge: 0, Replace: "m1"}, action: Delete, machine: "m1"},
+		{name: "replace of a machine with a static pod down but its member healthy surges",
+			s: world(cur, machineSpec{podDown: true}, cur), t: Target{Replicas: 3, MaxSurge: 1, Replace: "m1"}, action: Create},
+		{name: "after the surge, the broken machine named goes",
+			s: world(cur, machineSpec{podDown: true}, cur, cur), t: Target{Replicas: 3, MaxSurge: 1, Replace: "m1"}, action: Delete, machine: "m1"},
+		{name: "replace of a machine that never got a node",
+			s: world(cur, cur, cur, machineSpec{noNode: true}), t: Target{Replicas: 3, MaxSurge: 1, Replace: "m3"}, action: Delete, machine: "m3"},
+		{name: "replace of one machine while another is broken is refused, naming the broken one",
+			s: world(cur, machineSpec{unhealthy: true}, cur), t: Target{Replicas: 3, MaxSurge: 1, Replace: "m2"}, action: Refuse, code: exitcode.Unsafe, says: "machine m1: etcd member n1"},
+		{name: "an upgrade asked to replace a broken machine deletes it first",
+			s: world(old, machineSpec{outdated: true, unhealthy: true}, old), t: Target{Replicas: 3, MaxSurge: 1, Condemned: []string{"m1"}}, action: Delete, machine: "m1"},
+		{name: "an upgrade replaces what a MachineHealthCheck condemned first",
+			s: world(old, machineSpec{outdated: true, mhc: true}, old, cur), t: upgrade, action: Delete, machine: "m1"},
+		{name: "a machine a MachineHealthCheck condemned holds nothing up, though broken",
+			s: world(old, machineSpec{outdated: true, mhc: true, nodeDown: true}, old), t: surge0, action: Delete, machine: "m1"},
+		{name: "a condemned machine that is deleting is awaited, not condemned again",
+			s: world(cur, machineSpec{deleting: true, unhealthy: true}, cur), t: Target{Replicas: 3, MaxSurge: 1, Replace: "m1"}, action: AwaitDeletion, machine: "m1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -273,8 +300,8 @@ func TestLeaderCandidates(t *testing.T) {
 	if got, want := strings.Join(names, ","), "n3,n2,n1"; got != want {
 		t.Fatalf("candidates %s, want %s (up to date first, newest first, never the deleting one)", got, want)
 	}
-	// A machine a MachineHealthCheck condemned goes last, even up to date and
-	// newest; one it finds healthy keeps its place.
+	// A machine a MachineHealthCheck condemned is never a candidate, even up
+	// to date and newest; one it finds healthy keeps its place.
 	condemn := func(m *clusterv1.Machine, ownerRemediated metav1.ConditionStatus) {
 		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineHealthCheckSucceededCondition, Status: metav1.ConditionFalse, Reason: "UnhealthyNode"})
 		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineOwnerRemediatedCondition, Status: ownerRemediated, Reason: "WaitingForRemediation"})
@@ -285,8 +312,8 @@ func TestLeaderCandidates(t *testing.T) {
 	for _, c := range LeaderCandidates(s, s.CP.Machines.Oldest()) {
 		names = append(names, c.Name)
 	}
-	if got, want := strings.Join(names, ","), "n2,n1,n3"; got != want {
-		t.Fatalf("candidates %s, want %s (the MachineHealthCheck's condemned one last)", got, want)
+	if got, want := strings.Join(names, ","), "n2,n1"; got != want {
+		t.Fatalf("candidates %s, want %s (never the MachineHealthCheck's condemned one)", got, want)
 	}
 	// Unhealthy and learner members are never candidates.
 	s = world(machineSpec{leader: true}, machineSpec{unhealthy: true}, machineSpec{learner: true}, machineSpec{unnamed: true})

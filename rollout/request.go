@@ -24,6 +24,9 @@ type Request struct {
 	// MaxSurge is 0 or 1; negative means the KubeadmControlPlane's own.
 	MaxSurge int32
 	Replace  string
+	// ReplaceUnhealthy asks the run to replace first the machines it finds
+	// broken before it takes over (Broken), instead of refusing them.
+	ReplaceUnhealthy bool
 	// Via lists the versions an upgrade passes through before Version, in
 	// order, one rollout each (see Hops).
 	Via []string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/blang/semver/v4"
@@ -113,6 +114,15 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	future := *s
 	future.CP = projected
 	t := TargetFor(want, hop)
+	if broken := Broken(&future, t, rec != nil); broken.Len() > 0 {
+		if !r.ReplaceUnhealthy {
+			if lock := e.lockedByAnotherRun(ctx); lock != nil {
+				return nil, lock // a run in flight explains it (see CheckState above)
+			}
+			return nil, brokenRefusal(&future, r, broken)
+		}
+		t.Condemned = broken.Names()
+	}
 	p := &Prepared{Request: r, Snapshot: &future, Target: t, Hops: hops, FirstHop: first}
 	outdated := NeedingRollout(&future, t).Len()
 	delta := int(t.Replicas) - s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)).Len()
@@ -131,6 +141,29 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 		return nil, step.Err
 	}
 	return p, nil
+}
+
+// brokenRefusal refuses a run that would meet machines that came up and went
+// bad (Broken): no step could pass them, and the loop would pause the KCP
+// only to wait on them and give up. It names the oldest one, what is wrong
+// with it, and the commands that move forward.
+func brokenRefusal(s *Snapshot, r Request, broken collections.Machines) error {
+	m := broken.Oldest()
+	also := ""
+	if broken.Len() > 1 {
+		also = fmt.Sprintf(" (and %d more: %s)", broken.Len()-1, strings.Join(broken.Difference(collections.FromMachines(m)).Names(), ", "))
+	}
+	forward := replaceHint(s, m)
+	if r.Operation == "upgrade" || r.Operation == "scale" {
+		forward += ", or re-run with --replace-unhealthy to replace it as this run's first step"
+	}
+	return exitcode.Unsafef("%v%s: the %s cannot start while a control-plane machine is broken; nothing was changed; %s",
+		Problem(s, m), also, r.Operation, forward)
+}
+
+// replaceHint is the command that replaces a broken machine m.
+func replaceHint(s *Snapshot, m *clusterv1.Machine) string {
+	return fmt.Sprintf("replace it first: kubectl cp-rollout replace %s %s -n %s", s.CP.Cluster.Name, m.Name, s.CP.Cluster.Namespace)
 }
 
 // via is the request's --via or, when there is none, on a topology cluster

@@ -63,6 +63,9 @@ type Target struct {
 	MaxSurge int32
 	// Replace names one machine that must be replaced even if up to date.
 	Replace string
+	// Condemned names machines found broken before the run took over that
+	// it was asked to replace first (--replace-unhealthy); see Condemned.
+	Condemned []string
 	// Version, when set, is the Kubernetes version the KubeadmControlPlane
 	// must ask for: a run never finishes on a spec someone else changed.
 	Version string

@@ -3,12 +3,15 @@ package rollout
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 )
@@ -84,6 +87,10 @@ type MachineStatus struct {
 	Created       time.Time `json:"created"`
 	// Problem is what keeps the machine from being healthy, from live reads; "" when healthy.
 	Problem string `json:"problem,omitempty"`
+	// HealthCheck is a MachineHealthCheck's verdict on the machine: healthy,
+	// unhealthy (and why), or remediation wanted, which a run acts on first;
+	// "" when no MachineHealthCheck watches it.
+	HealthCheck string `json:"healthCheck,omitempty"`
 }
 
 // MemberStatus describes one etcd member.
@@ -156,7 +163,7 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 		ms := MachineStatus{
 			Name: m.Name, Version: m.Spec.Version, Node: nodeName(m), FailureDomain: m.Spec.FailureDomain,
 			Phase: m.Status.Phase, UpToDate: !s.CP.MachinesNotUpToDate.Has(m), Deleting: !m.DeletionTimestamp.IsZero(),
-			Created: m.CreationTimestamp.Time,
+			Created: m.CreationTimestamp.Time, HealthCheck: healthCheck(m),
 		}
 		if live && !ms.Deleting {
 			if err := Problem(s, m); err != nil {
@@ -172,10 +179,34 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 		})
 	}
 	if live {
-		step := Next(ctx, s, Target{Replicas: Replicas(s), MaxSurge: KCPMaxSurge(s.CP.KCP)})
+		t := Target{Replicas: Replicas(s), MaxSurge: KCPMaxSurge(s.CP.KCP)}
+		step := Next(ctx, s, t)
+		if step.Action == Refuse && step.Machine != nil && Broken(s, t, rec != nil).Has(step.Machine) {
+			step.Reason += "; " + replaceHint(s, step.Machine)
+		}
 		st.Next = &NextStatus{Action: string(step.Action), Machine: machineName(step.Machine), Member: memberName(step), Reason: step.Reason}
 	}
 	return st, nil
+}
+
+// healthCheck words a MachineHealthCheck's verdict on m, from the conditions
+// its controller writes (it runs while KCP is paused).
+func healthCheck(m *clusterv1.Machine) string {
+	c := conditions.Get(m, clusterv1.MachineHealthCheckSucceededCondition)
+	why := ""
+	if c != nil && c.Message != "" {
+		why = ": " + strings.Join(strings.Fields(c.Message), " ")
+	}
+	switch {
+	case RemediationWanted(m):
+		return "remediation wanted" + why
+	case c == nil:
+		return ""
+	case c.Status == metav1.ConditionTrue:
+		return "healthy"
+	default:
+		return "unhealthy" + why
+	}
 }
 
 // memberName names the member a step removes, "" for the steps that act on a

@@ -175,6 +175,7 @@ cluster's two Secrets (see "kubectl cp-rollout rbac") it is refused, exit 6.`,
 	f.StringSliceVar(&o.via, "via", nil, "With --version: the versions the upgrade passes through first, one rollout each")
 	f.Int32Var(&o.replicas, "replicas", o.replicas, "Plan a scale to this many machines")
 	f.StringVar(&o.replace, "replace", "", "Plan the replacement of this machine")
+	f.BoolVar(&o.Request.ReplaceUnhealthy, "replace-unhealthy", false, "With --version or --replicas: plan the broken machines' replacement first, as the run with --replace-unhealthy would")
 	f.BoolVar(&o.ExitCode, "exit-code", false, fmt.Sprintf("Exit %d when steps are pending, 0 when there is nothing to do", PendingExitCode))
 	f.Bool("dry-run", false, "")
 	for _, name := range []string{"timeout", "provision-timeout", "health-timeout", "delete-timeout", "settle", "dry-run"} {

@@ -167,14 +167,14 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 
 	header := "MACHINE\tVERSION\tNODE\tFAILURE DOMAIN\tPHASE\tUP TO DATE\tDELETING\tAGE"
 	if wide {
-		header += "\tPROBLEM"
+		header += "\tPROBLEM\tHEALTH CHECK"
 	}
 	fmt.Fprintln(w, header)
 	for _, m := range st.Machines {
 		row := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%v\t%v\t%s", m.Name, m.Version, dash(m.Node), dash(m.FailureDomain),
 			dash(m.Phase), m.UpToDate, m.Deleting, now.Sub(m.Created).Round(time.Second))
 		if wide {
-			row += "\t" + dash(m.Problem)
+			row += "\t" + dash(m.Problem) + "\t" + dash(m.HealthCheck)
 		}
 		fmt.Fprintln(w, row)
 	}

@@ -73,6 +73,7 @@ listed and confirmed at the terminal, or needs --yes.`,
 	o.addYesFlag(cmd.Flags())
 	cmd.Flags().StringVar(&o.Request.Version, "version", "", "The Kubernetes version to upgrade to, e.g. v1.36.3 (required)")
 	cmd.Flags().StringSliceVar(&o.Request.Via, "via", nil, "Versions to pass through first, one complete rollout each, in order: one of each minor between the control plane's and --version, e.g. --via v1.35.2")
+	cmd.Flags().BoolVar(&o.Request.ReplaceUnhealthy, "replace-unhealthy", false, "Replace first, as this run's first steps, the control-plane machines found broken before it starts (without it, the run refuses them and names the replace command)")
 	cmd.Flags().BoolVar(&o.WaitWorkers, "wait-workers", false, "On a ClusterClass (topology) cluster, also wait until the topology controller has upgraded every MachineDeployment to VERSION")
 	cmd.Flags().DurationVar(&o.WorkersTimeout, "workers-timeout", o.WorkersTimeout, "How long --wait-workers waits for the workers")
 	return cmd
