@@ -315,10 +315,12 @@ func SafeToRemove(s *Snapshot, m *clusterv1.Machine) error {
 //     and needs no timer. A node that never starts its member is a join that
 //     times out (AwaitJoin), not a member to remove behind its back.
 //
-// And one of this tool's: none while a machine is deleting. Its member is
-// removed when its pre-terminate hook is served, and a machine deleted before
-// its node registered may own a member by a name nothing here knows yet;
-// once it is gone, what is left is stale for certain.
+// The holds cover deleting machines too: one deleted before its node
+// registered may own a member by a name nothing here knows yet (no nodeRef),
+// and one whose node has no member named after it may own the unnamed one.
+// Otherwise a member named after no node is nobody's, deleting or not, and
+// it must go before a deletion's pre-terminate hook is served: it fails the
+// health check of what stays, and would hold that deletion up for good.
 //
 // KCP acts only while its EtcdClusterHealthy condition is not True, which it
 // recomputes in the same reconcile: a live "members and machines disagree",
@@ -328,7 +330,7 @@ func StaleMembers(s *Snapshot) []etcd.Member {
 	if !s.EtcdManaged || s.CP.Machines.Len() == 0 {
 		return nil
 	}
-	if s.CP.Machines.Filter(collections.Not(collections.HasNode())).Len() > 0 || Deleting(s).Len() > 0 {
+	if s.CP.Machines.Filter(collections.Not(collections.HasNode())).Len() > 0 {
 		return nil
 	}
 	owned := map[string]bool{}

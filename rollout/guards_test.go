@@ -161,7 +161,9 @@ func TestStaleMembers(t *testing.T) {
 		{"unnamed first, then by name", withMembers(world(cur, cur, cur), staleDown, staleLearner), "(not started) [63], gone-node [64]"},
 		{"a machine without a node holds all", withMembers(world(cur, cur, machineSpec{noNode: true}), staleDown, staleLearner), ""},
 		{"a node without its member holds the unnamed one only", withMembers(world(cur, cur, machineSpec{noMember: true}), staleDown, staleLearner), "gone-node [64]"},
-		{"a deleting machine holds all", withMembers(world(cur, cur, machineSpec{deleting: true}), staleDown, staleLearner), ""},
+		{"a deleting machine with its member holds none", withMembers(world(cur, cur, machineSpec{deleting: true}), staleDown, staleLearner), "(not started) [63], gone-node [64]"},
+		{"a deleting machine without a node holds all", withMembers(world(cur, cur, machineSpec{deleting: true, noNode: true}), staleDown, staleLearner), ""},
+		{"a deleting machine whose member is gone holds the unnamed one", withMembers(world(cur, cur, machineSpec{deleting: true, noMember: true}), staleDown, staleLearner), "gone-node [64]"},
 		{"a machine's own learner is no stale member", world(cur, cur, machineSpec{learner: true}), ""},
 		{"external etcd has none", external(withMembers(world(cur, cur, cur), staleDown)), ""},
 	}

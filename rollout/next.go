@@ -71,9 +71,11 @@ type Step struct {
 // A member no machine owns comes before any create or delete: while it is
 // there the quorum projection refuses both (it counts as a join in progress),
 // and an unnamed one holds etcd's only learner slot, which the next join
-// needs. It comes after deletions and joins: until those are finished, a
-// member without a machine may yet be one's (StaleMembers holds), and KCP too
-// removes such members only once no machine is provisioning.
+// needs. It comes after joins and waits for deletions: until a machine has
+// a node and a member, a member without a machine may yet be its
+// (StaleMembers holds), and KCP too removes such members only once no machine
+// is provisioning. It comes before a pre-terminate hook is served, whose
+// health check of what stays such a member would fail for good.
 func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	if err := MissingPieces(s); err != nil {
 		return refuse(err)
@@ -91,6 +93,11 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		}
 		m := deleting.OldestDeletionTimestamp()
 		if WaitingForCleanup(m) {
+			// A member no machine owns would fail the health check below for
+			// good, and would wait for this deletion to end: it goes first.
+			if step, ok := removeStale(s); ok {
+				return step
+			}
 			// What stays must be healthy before m's member goes (KCP checks
 			// the remaining components and requeues). A blip there — a
 			// member restarting, a probe failing — is waited on like any
@@ -132,17 +139,8 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		step.Machine, step.Transient = m, true
 		return step
 	}
-	if stale := StaleMembers(s); len(stale) > 0 {
-		member := stale[0]
-		if err := SafeToRemoveMember(s, member); err != nil {
-			return refuse(err)
-		}
-		why := "no machine's node is named " + member.Name
-		if !member.Started() {
-			why = "a learner that never started, and no machine is joining"
-		}
-		return Step{Action: RemoveStaleMember, Member: member,
-			Reason: fmt.Sprintf("remove etcd member %s, which no control-plane machine owns (%s)", member, why)}
+	if step, ok := removeStale(s); ok {
+		return step
 	}
 	if err := Healthy(s, condemned.UnsortedList()...); err != nil {
 		return refuse(err)
@@ -180,6 +178,26 @@ func lost(s *Snapshot, condemned collections.Machines) collections.Machines {
 		member, ok := MemberOf(s, m)
 		return ok && !member.HealthyVoter()
 	})
+}
+
+// removeStale is the step that removes the first member no machine owns
+// (StaleMembers), or its refusal when that would cost quorum; false when
+// there is none.
+func removeStale(s *Snapshot) (Step, bool) {
+	stale := StaleMembers(s)
+	if len(stale) == 0 {
+		return Step{}, false
+	}
+	member := stale[0]
+	if err := SafeToRemoveMember(s, member); err != nil {
+		return refuse(err), true
+	}
+	why := "no machine's node is named " + member.Name
+	if !member.Started() {
+		why = "a learner that never started, and no machine is joining"
+	}
+	return Step{Action: RemoveStaleMember, Member: member,
+		Reason: fmt.Sprintf("remove etcd member %s, which no control-plane machine owns (%s)", member, why)}, true
 }
 
 func refuse(err error) Step {

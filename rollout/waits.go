@@ -36,9 +36,13 @@ type Timeouts struct {
 // DefaultTimeouts are the flags' defaults.
 var DefaultTimeouts = Timeouts{Provision: 20 * time.Minute, Health: 10 * time.Minute, Delete: 20 * time.Minute, Recovery: UnhealthyGrace, Handback: 2 * time.Minute}
 
-// UnhealthyGrace is the default Recovery: long enough for a failed probe or a
-// restarting static pod, short enough not to hide a fault.
-const UnhealthyGrace = time.Minute
+// UnhealthyGrace is the default Recovery: long enough for a failed probe, a
+// restarting static pod or a member that lost its peers while a node rebooted
+// (kubelet's restart back-off alone reaches five minutes, but a pod that
+// crash-loops that long is a fault to name, not to wait out), short enough
+// that a runbook hears of a real fault in minutes. A machine broken before
+// the run starts is refused at once (Broken), not waited on.
+const UnhealthyGrace = 3 * time.Minute
 
 func (t Timeouts) recovery() time.Duration {
 	if t.Recovery > 0 {
