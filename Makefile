@@ -84,7 +84,7 @@ FAULTS     := ^Test(Kill|SecondRunLocked|ReplacementNeverProvisions|WorkloadAPIS
 # The long suite: end-to-end scenarios of ten minutes and more each on a busy
 # two-core machine, one of which would be most of `make test`'s time alone;
 # `make test-long` runs them, and CI runs it too.
-LONG       := ^Test(ClusterClassUpgradeThroughTwoMinors|LeastPrivilege|Fleet.*)$$
+LONG       := ^Test(ClusterClassUpgradeThroughTwoMinors|LeastPrivilege|Fleet.*|DeadMachineKCPAlone)$$
 # The simulator's own long scenario: two simulators starting on one
 # namespace, seven minutes of both cores beside the end-to-end suite.
 SIM_LONG   := ^TestClustersShareANamespace$$
@@ -102,7 +102,7 @@ test-e2e:
 test-packages:
 	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -skip '$(SIM_LONG)' $$($(GO) list ./... | grep -v /test/e2e)
 
-test-long: envtest plugin $(if $(TEST_SUMMARY),$(GOTESTSUM)) ## the long suite: a ClusterClass cluster upgraded two minors with its workers, least privilege under the audit log, fleets of four clusters, simulators sharing a namespace
+test-long: envtest plugin $(if $(TEST_SUMMARY),$(GOTESTSUM)) ## the long suite: a ClusterClass cluster upgraded two minors with its workers, least privilege under the audit log, fleets of four clusters, simulators sharing a namespace, KCP alone replacing a dead machine
 	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GOTEST) $(TEST_FLAGS) -run '$(LONG)' ./test/e2e
 	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -run '$(SIM_LONG)' ./pkg/sim
 
