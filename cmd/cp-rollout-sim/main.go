@@ -15,6 +15,13 @@
 // clusters of --inert-machines healthy-looking control-plane machines that
 // are management-cluster objects only (sim.CreateInertClusters), a fleet to
 // select from at little cost. Every cluster is in --namespace.
+//
+//	cp-rollout-sim fault [--kubeconfig FILE] [--namespace NS] [--wait 1m] MACHINE|cluster/NAME FAULT[=off]
+//
+// sets or removes one fault in the sim.cp-rollout.io/fault annotation of a
+// Machine or the Cluster of a running simulator, as kubectl annotate would,
+// and waits until the simulator reports it in effect; `fault --help` lists
+// the faults (pkg/sim FaultCatalogue).
 package main
 
 import (
@@ -157,12 +164,16 @@ func (o *upOptions) isInert(name string) bool {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "fault" {
+		return runFaultCommand(args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "up" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 			fmt.Fprintln(stdout, usage)
+			fmt.Fprintln(stdout, faultUsage)
 			return exitOK
 		}
-		fmt.Fprintln(stderr, "error: expected the `up` command; usage: "+usage)
+		fmt.Fprintln(stderr, "error: expected the `up` or `fault` command; usage: "+usage+" | "+faultUsage)
 		return exitUsage
 	}
 	o, err := parseUp(args[1:])

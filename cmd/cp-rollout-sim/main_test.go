@@ -2,11 +2,22 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/pkg/sim"
+	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
+
+func TestMain(m *testing.M) { simtest.Main(m) }
 
 func TestBadUsageIsOneLineAndExitsTwo(t *testing.T) {
 	for _, args := range [][]string{
@@ -31,6 +42,17 @@ func TestBadUsageIsOneLineAndExitsTwo(t *testing.T) {
 		{"up", "--kubeconfig-out", "k", "--inert-clusters", "3", "--inert-machines", "4"},
 		{"up", "--kubeconfig-out", "k", "--cluster", "inert", "--clusters", "2", "--inert-clusters", "2"},
 		{"up", "--kubeconfig-out", "k", "--cluster", "inert-3", "--inert-clusters", "5"},
+		{"fault"},
+		{"fault", "m1"},
+		{"fault", "m1", "etcd-stopped", "extra"},
+		{"fault", "m1", "etcd-stoped"},
+		{"fault", "m1", "stale-learner"},
+		{"fault", "cluster/demo", "etcd-stopped"},
+		{"fault", "cluster/demo", "never-provision=maybe"},
+		{"fault", "node/m1", "etcd-stopped"},
+		{"fault", "machine/", "etcd-stopped"},
+		{"fault", "--wait", "-1s", "m1", "etcd-stopped"},
+		{"fault", "--no-such-flag", "m1", "etcd-stopped"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(args, &stdout, &stderr); code != exitUsage {
@@ -94,5 +116,105 @@ func TestClustersFlags(t *testing.T) {
 	}
 	if c := o.clusterOptions(1, nil); o.clusters != 1 || o.inertMachines != 3 || c.ClusterName != "demo" || c.AddressPrefix != "" || c.Labels["env"] != "sim" {
 		t.Errorf("defaults: %+v, cluster %+v", o, c)
+	}
+}
+
+func TestFaultArguments(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		scope sim.FaultScope
+		name  string
+		fault string
+		on    bool
+	}{
+		{[]string{"demo-abcde", "etcd-stopped"}, sim.MachineFault, "demo-abcde", "etcd-stopped", true},
+		{[]string{"machine/demo-abcde", "kube-apiserver-unready=off"}, sim.MachineFault, "demo-abcde", "kube-apiserver-unready", false},
+		{[]string{"machines/demo-abcde", "drain-blocked=on"}, sim.MachineFault, "demo-abcde", "drain-blocked", true},
+		{[]string{"cluster/demo", "stale-learner"}, sim.ClusterFault, "demo", "stale-learner", true},
+		{[]string{"-n", "ns", "--kubeconfig", "k", "--wait", "0", "cluster/demo", "never-provision=off"}, sim.ClusterFault, "demo", "never-provision", false},
+	} {
+		o, err := parseFault(tc.args)
+		if err != nil {
+			t.Errorf("%q: %v", tc.args, err)
+			continue
+		}
+		if o.scope != tc.scope || o.name != tc.name || o.fault != tc.fault || o.on != tc.on {
+			t.Errorf("%q: parsed %+v", tc.args, o)
+		}
+	}
+	o, err := parseFault([]string{"-n", "ns", "--kubeconfig", "k", "--wait", "0", "m", "etcd-stopped"})
+	if err != nil || o.namespace != "ns" || o.kubeconfig != "k" || o.wait != 0 {
+		t.Errorf("flags: %+v, %v", o, err)
+	}
+}
+
+// The help lists every fault of the simulator's catalogue.
+func TestFaultHelpListsTheFaults(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"fault", "--help"}, &stdout, &stderr); code != exitOK || stderr.Len() != 0 {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	for _, f := range sim.FaultCatalogue() {
+		if !strings.Contains(stdout.String(), "  "+f.Name+" ") {
+			t.Errorf("help does not list %s:\n%s", f.Name, stdout.String())
+		}
+	}
+}
+
+// TestFaultCommand: the command writes the annotation kubectl would and
+// waits for the simulator to act on it; the node turns NotReady and Ready
+// again. A machine the cluster does not have is bad input.
+func TestFaultCommand(t *testing.T) {
+	t.Parallel()
+	env := simtest.Start(t, sim.Options{Replicas: 1})
+	ctx := context.Background()
+	machines, err := env.Sim.Machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, node := machines[0].Name, machines[0].Status.NodeRef.Name
+	nodeReady := func() bool {
+		n := &corev1.Node{}
+		if err := env.Sim.WorkloadClient().Get(ctx, client.ObjectKey{Name: node}, n); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue
+			}
+		}
+		return false
+	}
+
+	for _, step := range []struct {
+		fault, out string
+		ready      bool
+	}{
+		{"node-not-ready", "machine/" + m + ": node-not-ready on, in effect (faults in effect: node-not-ready)", false},
+		{"node-not-ready=off", "machine/" + m + ": node-not-ready off, in effect (faults in effect: none)", true},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"fault", "--kubeconfig", env.Kubeconfig, m, step.fault}, &stdout, &stderr); code != exitOK {
+			t.Fatalf("%s: exit %d: %s", step.fault, code, stderr.String())
+		}
+		if got := strings.TrimSpace(stdout.String()); got != step.out {
+			t.Errorf("%s: printed %q, want %q", step.fault, got, step.out)
+		}
+		if nodeReady() != step.ready {
+			t.Errorf("%s: node %s Ready %t, want %t", step.fault, node, !step.ready, step.ready)
+		}
+	}
+	got := &clusterv1.Machine{}
+	if err := env.Sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: machines[0].Namespace, Name: m}, got); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got.Annotations[sim.FaultAnnotation]; ok {
+		t.Errorf("annotations %v: the last fault removed, want no fault annotation", got.Annotations)
+	}
+
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"fault", "--kubeconfig", env.Kubeconfig, "no-such-machine", "etcd-stopped"}, &stdout, &stderr); code != exitUsage ||
+		strings.TrimSpace(stderr.String()) != "error: machine/no-such-machine not found in namespace "+machines[0].Namespace {
+		t.Errorf("unknown machine: exit %d, stderr %q", code, stderr.String())
 	}
 }

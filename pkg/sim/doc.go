@@ -63,6 +63,14 @@
 //     port-forward to kube-apiserver-<node>:6443; a small TLS endpoint with a
 //     certificate signed by the cluster CA answers there.
 //
+// Faults (faults.go) break the simulated hosts on demand: Go methods for
+// tests, and the same faults asked for through the management cluster with
+// FaultAnnotation on a Machine or the Cluster (faultspec.go lists them), which
+// the simulator's fault controller (faultcontroller.go, simulator code, no
+// part of Cluster API) applies, undoes when the annotation no longer names
+// them, and records in FaultAppliedAnnotation and in Events. kubectl and
+// cp-rollout-sim fault write that annotation alike.
+//
 // Typical use:
 //
 //	s, err := sim.Start(ctx, sim.Options{Replicas: 3})

@@ -153,7 +153,10 @@ func (s *Sim) newProviderManager() (ctrl.Manager, error) {
 		Named("simulated-infrastructure-cluster").
 		For(infraCluster).
 		Complete(reconcile.Func(p.reconcileCluster))
-	return mgr, err
+	if err != nil {
+		return nil, err
+	}
+	return mgr, s.setupFaultController(mgr)
 }
 
 // reconcileCluster provisions the Cluster's infrastructure cluster, as a
@@ -418,19 +421,7 @@ func (p *provider) provision(ctx context.Context, im *unstructured.Unstructured,
 		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.IP}},
 		// What a healthy kubelet reports; the Machine controller's NodeHealthy
 		// condition (and so the Machine's Ready) waits for all four.
-		Conditions: []corev1.NodeCondition{{
-			Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientMemory",
-			Message: "kubelet has sufficient memory available", LastHeartbeatTime: now, LastTransitionTime: now,
-		}, {
-			Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasNoDiskPressure",
-			Message: "kubelet has no disk pressure", LastHeartbeatTime: now, LastTransitionTime: now,
-		}, {
-			Type: corev1.NodePIDPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientPID",
-			Message: "kubelet has sufficient PID available", LastHeartbeatTime: now, LastTransitionTime: now,
-		}, {
-			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-			Message: "simulated kubelet is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now,
-		}},
+		Conditions:      kubelet.NodeConditions(now),
 		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(n.kubelet.Port())}},
 		NodeInfo: corev1.NodeSystemInfo{
 			KubeletVersion:          version,

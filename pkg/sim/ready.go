@@ -48,11 +48,7 @@ type EtcdMember struct {
 // EtcdMembers lists the etcd cluster's members through any running member
 // and asks each for its status.
 func (s *Sim) EtcdMembers(ctx context.Context) ([]EtcdMember, error) {
-	endpoints, err := s.etcdEndpoints()
-	if err != nil {
-		return nil, err
-	}
-	c, err := s.EtcdClient(ctx, endpoints...)
+	c, err := s.runningMembersClient(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -90,6 +86,16 @@ func (s *Sim) etcdEndpoints() ([]string, error) {
 	}
 	sort.Strings(endpoints)
 	return endpoints, nil
+}
+
+// runningMembersClient is an etcd client for every member the simulator
+// runs. The caller closes it.
+func (s *Sim) runningMembersClient(ctx context.Context) (*clientv3.Client, error) {
+	endpoints, err := s.etcdEndpoints()
+	if err != nil {
+		return nil, err
+	}
+	return s.EtcdClient(ctx, endpoints...)
 }
 
 // EtcdClient is an etcd client for the given endpoints with a client

@@ -317,25 +317,9 @@ func TestCapacityHoldsBackSurgeMachine(t *testing.T) {
 	s := simtest.Start(t, sim.Options{Replicas: 1, Capacity: 1, WithoutKCP: true}).Sim
 	ctx := context.Background()
 	c := s.ManagementClient()
-	cluster := &clusterv1.Cluster{}
-	if err := c.Get(ctx, s.ClusterKey(), cluster); err != nil {
-		t.Fatal(err)
-	}
-	kcp := &controlplanev1.KubeadmControlPlane{}
-	if err := c.Get(ctx, s.KCPKey(), kcp); err != nil {
-		t.Fatal(err)
-	}
-	surge, err := controlplane.New(c, cluster.Namespace, cluster.Name).CreateMachine(ctx, kcp, cluster, "", true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(3 * time.Second)
-	m := &clusterv1.Machine{}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(surge), m); err != nil {
-		t.Fatal(err)
-	}
-	if m.Status.NodeRef.IsDefined() {
-		t.Fatalf("surge machine got node %s beyond capacity", m.Status.NodeRef.Name)
+	surge := createMachineAndWait(t, s)
+	if surge.Status.NodeRef.IsDefined() {
+		t.Fatalf("surge machine got node %s beyond capacity", surge.Status.NodeRef.Name)
 	}
 	if _, ok := s.Nodes()[surge.Name]; ok {
 		t.Fatal("surge machine took a slot beyond capacity")
@@ -582,7 +566,6 @@ func TestFaults(t *testing.T) {
 	t.Parallel()
 	s := simtest.Start(t, sim.Options{Replicas: 3, WithoutKCP: true}).Sim
 	ctx := context.Background()
-	c := s.ManagementClient()
 	var node sim.Node
 	for _, n := range s.Nodes() {
 		node = n
@@ -638,25 +621,36 @@ func TestFaults(t *testing.T) {
 
 	t.Run("a machine that never provisions", func(t *testing.T) {
 		s.NeverProvisionNext()
-		cluster := &clusterv1.Cluster{}
-		if err := c.Get(ctx, s.ClusterKey(), cluster); err != nil {
-			t.Fatal(err)
-		}
-		kcp := &controlplanev1.KubeadmControlPlane{}
-		if err := c.Get(ctx, s.KCPKey(), kcp); err != nil {
-			t.Fatal(err)
-		}
-		stuck, err := controlplane.New(c, cluster.Namespace, cluster.Name).CreateMachine(ctx, kcp, cluster, "", true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(3 * time.Second)
-		m := &clusterv1.Machine{}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(stuck), m); err != nil {
-			t.Fatal(err)
-		}
+		m := createMachineAndWait(t, s)
 		if m.Status.NodeRef.IsDefined() || m.Spec.ProviderID != "" {
 			t.Fatalf("machine provisioned anyway: node %q, providerID %q", m.Status.NodeRef.Name, m.Spec.ProviderID)
 		}
 	})
+}
+
+// createMachineAndWait creates a control-plane machine as the tool creates a
+// replacement and returns it as it is 3 seconds later, far beyond the
+// provisioning delay of the tests that hold it back.
+func createMachineAndWait(t *testing.T, s *sim.Sim) *clusterv1.Machine {
+	t.Helper()
+	ctx := context.Background()
+	c := s.ManagementClient()
+	cluster := &clusterv1.Cluster{}
+	if err := c.Get(ctx, s.ClusterKey(), cluster); err != nil {
+		t.Fatal(err)
+	}
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	if err := c.Get(ctx, s.KCPKey(), kcp); err != nil {
+		t.Fatal(err)
+	}
+	created, err := controlplane.New(c, cluster.Namespace, cluster.Name).CreateMachine(ctx, kcp, cluster, "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	m := &clusterv1.Machine{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(created), m); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
