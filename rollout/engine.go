@@ -53,6 +53,9 @@ type ControlPlane interface {
 	Delete(ctx context.Context, m *clusterv1.Machine) error
 	// RemoveCleanupHook releases a deleting machine to the Machine controller.
 	RemoveCleanupHook(ctx context.Context, m *clusterv1.Machine) error
+	// SyncMachine pushes the KubeadmControlPlane's in-place-mutable fields
+	// to m as KCP's syncMachines would.
+	SyncMachine(ctx context.Context, cp *kcpstate.ControlPlane, m *clusterv1.Machine) error
 	// DrainRules names the MachineDrainRules Cluster API's drain follows
 	// for the cluster's machines.
 	DrainRules(ctx context.Context) ([]string, error)
@@ -179,6 +182,9 @@ type Engine struct {
 	// leaderRetries counts how often the member being removed won leadership
 	// back (see serveCleanupHook).
 	leaderRetries int
+	// synced is the reason of the sync step just taken, until another step
+	// is (syncMachines).
+	synced string
 	// handed is the live snapshot a wait ended on, for the loop's next turn
 	// (takeOrRead); only await sets it.
 	handed *Snapshot

@@ -58,8 +58,13 @@ func (e *Engine) Converge(ctx context.Context, t Target) error {
 			err = e.awaitGone(ctx, t, next)
 		case RemoveStaleMember:
 			err = e.removeStaleMember(ctx, s, next)
+		case SyncMachines:
+			err = e.syncMachines(ctx, s, next)
 		default:
 			err = fmt.Errorf("no executor for step %q", next.Action)
+		}
+		if next.Action != SyncMachines {
+			e.synced = ""
 		}
 		if err != nil {
 			return err
@@ -377,6 +382,30 @@ func (e *Engine) removeStaleMember(ctx context.Context, s *Snapshot, next Step) 
 	defer st.end(&err)
 	_, err = e.dropMember(ctx, s, st, member, ", which no machine owns")
 	return err
+}
+
+// syncMachines pushes the KubeadmControlPlane's in-place-mutable fields to
+// the machines Next found out of sync, as KCP's syncMachines would were it not
+// paused. Next decides it on a live read, as every step that writes: the same
+// drift found again right after a sync means something undoes the writes (a
+// webhook, another controller), and syncing again would only loop.
+func (e *Engine) syncMachines(ctx context.Context, s *Snapshot, next Step) (err error) {
+	st := e.begin(SyncMachines, machineName(next.Machine), next.Reason)
+	defer st.end(&err)
+	if next.Reason == e.synced {
+		return fmt.Errorf("the machines are still out of sync after they were synced (something reverts them): %s", next.Reason)
+	}
+	machines, _ := OutOfSync(s)
+	var names []string
+	for _, m := range machines {
+		if err := e.ControlPlane.SyncMachine(ctx, s.CP, m); err != nil {
+			return err
+		}
+		names = append(names, m.Name)
+	}
+	e.synced = next.Reason
+	st.done("synced " + strings.Join(names, ", "))
+	return nil
 }
 
 // release removes the kcp-cleanup hook: the Machine controller finishes the

@@ -79,6 +79,8 @@ type scripted struct {
 	onDrain func(w *Snapshot, node string)
 	// deleteFails Delete calls fail.
 	deleteFails int
+	// syncReverted makes every SyncMachine undone at once.
+	syncReverted bool
 	// watched makes Wait report a change only when the machines or nodes
 	// changed, as the watches would; otherwise every Wait reports one.
 	watched bool
@@ -268,6 +270,27 @@ func (f *scripted) RemoveCleanupHook(_ context.Context, m *clusterv1.Machine) er
 	f.record("release %s", m.Name)
 	live := f.machine(m.Name)
 	delete(live.Annotations, controlplanev1.PreTerminateHookCleanupAnnotation)
+	f.world.CP.Machines.Insert(live)
+	return nil
+}
+
+// SyncMachine gives m the KCP's deletion timeouts, unless syncReverted: then
+// something undoes the write at once.
+func (f *scripted) SyncMachine(_ context.Context, cp *kcpstate.ControlPlane, m *clusterv1.Machine) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if m.DeletionTimestamp != nil {
+		f.record("sync %s (deleting)", m.Name)
+	} else {
+		f.record("sync %s", m.Name)
+	}
+	if f.syncReverted {
+		return nil
+	}
+	live := f.machine(m.Name)
+	d := cp.KCP.Spec.MachineTemplate.Spec.Deletion
+	live.Spec.Deletion = clusterv1.MachineDeletionSpec{NodeDrainTimeoutSeconds: d.NodeDrainTimeoutSeconds,
+		NodeVolumeDetachTimeoutSeconds: d.NodeVolumeDetachTimeoutSeconds, NodeDeletionTimeoutSeconds: d.NodeDeletionTimeoutSeconds}
 	f.world.CP.Machines.Insert(live)
 	return nil
 }
@@ -1052,6 +1075,51 @@ func TestConvergeWaitsOutABlipWhileServingTheHook(t *testing.T) {
 			}
 			ev.paired(t)
 		})
+	}
+}
+
+// TestConvergeSyncsARaisedDrainTimeoutWhileAwaitingADeletion: an operator
+// raises the paused KCP's drain timeout while the run waits on a deleting
+// machine; the wait notices, the run pushes it to every machine, the deleting
+// one included, and goes on.
+func TestConvergeSyncsARaisedDrainTimeoutWhileAwaitingADeletion(t *testing.T) {
+	old := machineSpec{outdated: true}
+	f := newScripted(world(old, old, machineSpec{outdated: true, deleting: true}, machineSpec{}))
+	f.onWait = func(w *Snapshot, n int) {
+		if n == 1 {
+			kcp := w.CP.KCP.DeepCopy()
+			kcp.Spec.MachineTemplate.Spec.Deletion.NodeDrainTimeoutSeconds = ptr.To(int32(600))
+			w.CP.KCP = kcp
+		}
+	}
+	e, ev := engineFor(f, fast)
+	if err := converge(t, e, surge1); err != nil {
+		t.Fatal(err)
+	}
+	want := "sync m0, sync m1, sync m2 (deleting), sync m3, remove-member n2, release m2"
+	if got := strings.Join(f.calls[:min(6, len(f.calls))], ", "); got != want {
+		t.Fatalf("calls start %s, want %s", got, want)
+	}
+	if !ev.find(string(SyncMachines), progress.Started, "machine m2 (deleting): nodeDrainTimeoutSeconds unset → 600s") {
+		t.Fatalf("no %s step naming the deleting machine and its drain timeout: %v", SyncMachines, ev.all)
+	}
+	ev.paired(t)
+}
+
+// TestConvergeStopsWhenASyncIsUndone: writes that something undoes at once
+// are an error, not a loop.
+func TestConvergeStopsWhenASyncIsUndone(t *testing.T) {
+	w := world(machineSpec{}, machineSpec{}, machineSpec{})
+	w.CP.KCP.Spec.MachineTemplate.Spec.Deletion.NodeDrainTimeoutSeconds = ptr.To(int32(600))
+	f := newScripted(w)
+	f.syncReverted = true
+	e, _ := engineFor(f, fast)
+	err := converge(t, e, surge1)
+	if err == nil || !strings.Contains(err.Error(), "still out of sync") {
+		t.Fatalf("got %v, want an error that the machines stay out of sync", err)
+	}
+	if got := strings.Join(f.calls, ", "); got != "sync m0, sync m1, sync m2" {
+		t.Fatalf("calls %s, want one sync of each machine", got)
 	}
 }
 

@@ -40,6 +40,10 @@ const (
 	// a replacement that failed mid-join and was deleted), as KCP's
 	// reconcileEtcdMembers does.
 	RemoveStaleMember Action = "remove-stale-member"
+	// SyncMachines: push the KubeadmControlPlane's in-place-mutable fields
+	// (deletion timeouts, labels, annotations, ...) to machines that differ,
+	// as KCP's syncMachines would were it not paused.
+	SyncMachines Action = "sync-machines"
 )
 
 // Step is Next's answer: one action and why.
@@ -63,10 +67,12 @@ type Step struct {
 // Next decides the one next step for s towards t. It is pure: it reads only s
 // and t, so plan, dry runs, status and the loop agree by construction.
 //
-// The order is the safety argument: first refuse broken states, then finish
-// any deletion in progress, then wait for any machine still joining, then —
-// with every machine healthy — remove an etcd member no machine owns, and only
-// then create or delete exactly one machine.
+// The order is the safety argument: first refuse broken states, then push
+// the paused KCP's in-place-mutable fields to machines that differ (a
+// deleting machine's drain timeout most of all), then finish any deletion in
+// progress, then wait for any machine still joining, then — with every
+// machine healthy — remove an etcd member no machine owns, and only then
+// create or delete exactly one machine.
 //
 // A member no machine owns comes before any create or delete: while it is
 // there the quorum projection refuses both (it counts as a join in progress),
@@ -82,6 +88,11 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	}
 	if err := InPlaceUpdate(s); err != nil {
 		return refuse(err)
+	}
+	// Before any wait on a deletion: a drain timeout raised on the paused
+	// KCP to unstick a drain reaches the deleting machine only this way.
+	if step, ok := syncStep(s); ok {
+		return step
 	}
 	if deleting := Deleting(s); deleting.Len() > 0 {
 		// As KCP does: a deleting machine without the kcp-cleanup hook goes

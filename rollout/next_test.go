@@ -242,6 +242,90 @@ func TestNext(t *testing.T) {
 	}
 }
 
+// TestNextSyncsInPlaceFields: a machine whose in-place-mutable fields differ
+// from the paused KCP's spec is synced before anything else — before the wait
+// on a deleting machine, whose drain timeout is what an operator raises to
+// unstick a drain — and a machine in sync is not.
+func TestNextSyncsInPlaceFields(t *testing.T) {
+	upgrade := Target{Operation: "upgrade", Replicas: 3, MaxSurge: 1}
+	cur, deleting := machineSpec{}, machineSpec{outdated: true, deleting: true}
+	labeled := func(s *Snapshot) *Snapshot {
+		s.CP.KCP.Spec.MachineTemplate.ObjectMeta.Labels = map[string]string{"tier": "gold"}
+		for _, m := range s.CP.Machines {
+			m.Labels = map[string]string{"tier": "gold"}
+			s.CP.InfraResources[m.Name].SetLabels(map[string]string{"tier": "gold"})
+			s.CP.KubeadmConfigs[m.Name].Labels = map[string]string{"tier": "gold"}
+		}
+		return s
+	}
+	// drain sets the KCP's drain timeout and each machine's, m0 first.
+	drain := func(kcp *int32, machines ...*int32) func(*Snapshot) *Snapshot {
+		return func(s *Snapshot) *Snapshot {
+			s.CP.KCP.Spec.MachineTemplate.Spec.Deletion.NodeDrainTimeoutSeconds = kcp
+			for i, v := range machines {
+				s.CP.Machines[fmt.Sprintf("m%d", i)].Spec.Deletion.NodeDrainTimeoutSeconds = v
+			}
+			return s
+		}
+	}
+	set := func(s *Snapshot, change func(*Snapshot)) *Snapshot { change(s); return s }
+	s60, s600 := ptr.To(int32(60)), ptr.To(int32(600))
+	cases := []struct {
+		name    string
+		s       *Snapshot
+		action  Action
+		machine string
+		says    string
+	}{
+		{name: "in sync: nothing to do", s: labeled(world(cur, cur, cur)), action: Done},
+		{name: "a label missing on one machine is synced", s: set(labeled(world(cur, cur, cur)), func(s *Snapshot) { delete(s.CP.Machines["m1"].Labels, "tier") }),
+			action: SyncMachines, machine: "m1", says: "machine m1: label tier=gold"},
+		{name: "a label missing on an InfraMachine is synced", s: set(labeled(world(cur, cur, cur)), func(s *Snapshot) { s.CP.InfraResources["m2"].SetLabels(nil) }),
+			action: SyncMachines, machine: "m2", says: "machine m2: InfraMachine label tier=gold"},
+		{name: "a raised drain timeout reaches every machine", s: drain(s600, s60, s60, s60)(world(cur, cur, cur)),
+			action: SyncMachines, says: "machine m0: nodeDrainTimeoutSeconds 60s → 600s; machine m1"},
+		{name: "in sync with the raised drain timeout", s: drain(s600, s600, s600, s600)(world(cur, cur, cur)), action: Done},
+		{name: "a deleting machine out of sync is synced before its deletion is awaited", s: drain(s600, s600, s600, s60, s600)(world(cur, cur, deleting, cur)),
+			action: SyncMachines, machine: "m2", says: "machine m2 (deleting): nodeDrainTimeoutSeconds 60s → 600s"},
+		{name: "a deleting machine in sync is awaited", s: drain(s600, s600, s600, s600, s600)(world(cur, cur, deleting, cur)),
+			action: AwaitDeletion, machine: "m2"},
+		{name: "a drain timeout the KCP dropped is dropped from a deleting machine, as KCP's patch does",
+			s: drain(nil, nil, nil, s60, nil)(world(cur, cur, deleting, cur)), action: SyncMachines, machine: "m2", says: "nodeDrainTimeoutSeconds 60s → unset"},
+		{name: "a drain timeout the KCP does not set is left alone on other machines", s: drain(nil, s60, nil, nil)(world(cur, cur, cur)), action: Done},
+		{name: "labels are not pushed to a deleting machine, as KCP does not",
+			s:      set(labeled(world(cur, cur, deleting, cur)), func(s *Snapshot) { delete(s.CP.Machines["m2"].Labels, "tier") }),
+			action: AwaitDeletion, machine: "m2"},
+		{name: "an added readiness gate is synced", s: set(world(cur, cur, cur), func(s *Snapshot) {
+			s.CP.KCP.Spec.MachineTemplate.Spec.ReadinessGates = []clusterv1.MachineReadinessGate{{ConditionType: "Example"}}
+		}), action: SyncMachines, says: "readiness gate Example"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			step := Next(context.Background(), tc.s, upgrade)
+			if step.Action != tc.action {
+				t.Fatalf("action %s (%s), want %s", step.Action, step.Reason, tc.action)
+			}
+			if machineName(step.Machine) != tc.machine {
+				t.Fatalf("machine %q, want %q (%s)", machineName(step.Machine), tc.machine, step.Reason)
+			}
+			if !strings.Contains(step.Reason, tc.says) {
+				t.Fatalf("reason %q lacks %q", step.Reason, tc.says)
+			}
+		})
+	}
+
+	// A plan shows the sync once and goes on: the machines it projects are
+	// bare stand-ins, not out of sync.
+	s := drain(s600, s60, s60, s60)(world(machineSpec{outdated: true}, machineSpec{outdated: true}, machineSpec{outdated: true}))
+	var got []string
+	for _, step := range Plan(context.Background(), s, upgrade) {
+		got = append(got, string(step.Action))
+	}
+	if want := "sync-machines, create, delete, create, delete, create, delete"; strings.Join(got, ", ") != want {
+		t.Fatalf("plan %q, want %q", strings.Join(got, ", "), want)
+	}
+}
+
 // Members that no machine owns, as a replacement that failed mid-join and was
 // deleted leaves them: kubeadm's learner that never started, and a started
 // member whose node is gone (never reachable, so never healthy).

@@ -60,6 +60,10 @@ func project(ctx context.Context, s *Snapshot, t Target, made int) ([]Step, int)
 	var steps []Step
 	for n := 0; n < maxPlannedSteps; n++ {
 		step := Next(ctx, s, t)
+		// A sync is shown once, where it comes; after it, the machines
+		// count as in sync — the ones the projection adds are bare stand-ins
+		// that would otherwise never be (OutOfSync).
+		s.projected = true
 		if step.Action == Done {
 			return steps, made
 		}

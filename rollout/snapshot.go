@@ -31,6 +31,9 @@ type Snapshot struct {
 	// to etcdPoll old (Engine.readCached): waits decide on one, and no step
 	// acts on one.
 	cached bool
+	// projected marks a snapshot a plan projects steps onto: its machines
+	// count as in sync (OutOfSync).
+	projected bool
 }
 
 // NewSnapshot starts a snapshot from the management cluster's view, taken now;

@@ -111,6 +111,11 @@ func (c *Client) createMachine(ctx context.Context, templates client.Client, kcp
 // result back into obj. CAPI's own helper for this lives in an internal
 // package, so this is the small part of it we need.
 func (c *Client) applyAsKCP(ctx context.Context, obj client.Object) error {
+	return c.applyAs(ctx, obj, kcpManager)
+}
+
+// applyAs is applyAsKCP with the field manager named.
+func (c *Client) applyAs(ctx context.Context, obj client.Object, manager string) error {
 	gvk, err := apiutil.GVKForObject(obj, c.c.Scheme())
 	if err != nil {
 		return err
@@ -125,7 +130,7 @@ func (c *Client) applyAsKCP(ctx context.Context, obj client.Object) error {
 	unstructured.RemoveNestedField(u.Object, "status")
 	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
 	unstructured.RemoveNestedField(u.Object, "metadata", "managedFields")
-	if err := c.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(kcpManager), client.ForceOwnership); err != nil {
+	if err := c.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(manager), client.ForceOwnership); err != nil {
 		return err
 	}
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj); err != nil {

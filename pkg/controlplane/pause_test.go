@@ -9,14 +9,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
-
-	"github.com/cp-rollout/cp-rollout/pkg/sim/manifests"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
 )
 
 // TestPauseWaitsOutAStalePausedCondition plays the KCP controller right after
@@ -24,24 +20,7 @@ import (
 // still reported until KCP reconciles. Pause must not take that True for an
 // answer to its own pause.
 func TestPauseWaitsOutAStalePausedCondition(t *testing.T) {
-	assets, err := member.AssetsDir("kube-apiserver", "etcd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defs, err := manifests.CRDs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := &envtest.Environment{BinaryAssetsDirectory: assets, CRDs: defs, Scheme: Scheme(), ControlPlaneStartTimeout: time.Minute}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	c, err := client.New(cfg, client.Options{Scheme: Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := apiServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
