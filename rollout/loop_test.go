@@ -22,6 +22,7 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
@@ -1135,7 +1136,8 @@ func TestServeCleanupHookFindsTheNodeByProviderID(t *testing.T) {
 // at once, and SetTarget answers what setTargetErr says.
 type handover struct {
 	*scripted
-	setTargetErr error
+	setTargetErr   error
+	awaitPausedErr error
 }
 
 func (h *handover) Pause(_ context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record, _ time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
@@ -1149,7 +1151,20 @@ func (h *handover) Pause(_ context.Context, cluster *clusterv1.Cluster, kcp *con
 	return h.world.CP.KCP, nil
 }
 
-func (h *handover) SetTarget(context.Context, *clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, string, *int32) error {
+// AwaitPaused is KCP reporting Paused once asked, unless awaitPausedErr
+// says it never does.
+func (h *handover) AwaitPaused(_ context.Context, kcp *controlplanev1.KubeadmControlPlane, _ time.Duration) (*controlplanev1.KubeadmControlPlane, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.record("await-paused")
+	if h.awaitPausedErr != nil {
+		return nil, h.awaitPausedErr
+	}
+	conditions.Set(h.world.CP.KCP, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionTrue, Reason: clusterv1.PausedReason})
+	return h.world.CP.KCP, nil
+}
+
+func (h *handover) SetTarget(context.Context, *clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, string, *int32, time.Duration) error {
 	h.record("set-target")
 	return h.setTargetErr
 }

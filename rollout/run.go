@@ -23,9 +23,6 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
 )
 
-// PauseTimeout bounds the wait for the KCP controller to report Paused.
-var PauseTimeout = 2 * time.Minute
-
 // Prepared is a checked request, ready to run: the snapshot it was checked on
 // (projected with the request's spec) and the target the loop drives towards.
 type Prepared struct {
@@ -357,8 +354,11 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 		}
 	} else {
 		e.note("resume", "continuing "+rec.String())
+		if kcp, err = e.awaitPausedAgain(ctx, kcp); err != nil {
+			return nil, err
+		}
 	}
-	if err := e.ControlPlane.SetTarget(ctx, cluster, kcp, version, r.Replicas); err != nil {
+	if err := e.ControlPlane.SetTarget(ctx, cluster, kcp, version, r.Replicas, e.Timeouts.topology()); err != nil {
 		return nil, e.targetRejected(ctx, kcp, pausedNow, err)
 	}
 	live, err := e.ControlPlane.Read(ctx)
@@ -409,7 +409,7 @@ func (e *Engine) pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *con
 	st := e.begin("pause", "", "pausing KubeadmControlPlane "+kcp.Name)
 	defer st.end(&err)
 	rec := controlplane.Record{Operation: r.Operation, Target: r.TargetString(), Who: controlplane.Who(), Started: time.Now().UTC()}
-	kcp, err = e.ControlPlane.Pause(ctx, cluster, kcp, rec, PauseTimeout, takeoverCheck)
+	kcp, err = e.ControlPlane.Pause(ctx, cluster, kcp, rec, e.Timeouts.pause(), takeoverCheck)
 	if err != nil {
 		if kcp != nil {
 			cleanupCtx, cancelCleanup := cleanupContext(ctx)

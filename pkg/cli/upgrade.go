@@ -75,6 +75,7 @@ listed and confirmed at the terminal, or needs --yes.`,
 	cmd.Flags().StringSliceVar(&o.Request.Via, "via", nil, "Versions to pass through first, one complete rollout each, in order: one of each minor between the control plane's and --version, e.g. --via v1.35.2")
 	cmd.Flags().BoolVar(&o.WaitWorkers, "wait-workers", false, "On a ClusterClass (topology) cluster, also wait until the topology controller has upgraded every MachineDeployment to VERSION")
 	cmd.Flags().DurationVar(&o.WorkersTimeout, "workers-timeout", o.WorkersTimeout, "How long --wait-workers waits for the workers")
+	cmd.Flags().DurationVar(&o.Timeouts.Topology, "topology-timeout", o.Timeouts.Topology, "On a ClusterClass (topology) cluster, how long the topology controller may take to copy VERSION from the Cluster into the KubeadmControlPlane (BeforeClusterUpgrade hooks can hold it)")
 	return cmd
 }
 
@@ -91,6 +92,9 @@ func (o *UpgradeOptions) Validate() error {
 	}
 	if err := validateTarget(o.Request); err != nil {
 		return err
+	}
+	if o.Timeouts.Topology <= 0 {
+		return exitcode.Usagef("--topology-timeout must be positive, not %s", o.Timeouts.Topology)
 	}
 	if o.WaitWorkers {
 		if o.WorkersTimeout <= 0 {
