@@ -217,14 +217,10 @@ func (e *Engine) LeftPaused(ctx context.Context) (kcp string, paused bool) {
 	return k.Name, err == nil && rec != nil && annotations.HasPaused(k)
 }
 
-// cleanupTimeout bounds what a stopping run still does on its way out
-// (release the Lease, undo a pause it cannot keep): a Ctrl-C against an
-// unreachable API server must not hang until a second signal.
-const cleanupTimeout = 10 * time.Second
-
-// cleanupContext is ctx without its cancellation, bounded by cleanupTimeout.
+// cleanupContext is for what a stopping run still does on its way out
+// (release the Lease, undo a pause it cannot keep): controlplane.CleanupContext.
 func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	return controlplane.CleanupContext(ctx)
 }
 
 // Run performs a prepared request with the KCP hand-over around the loop:

@@ -22,13 +22,13 @@ import (
 
 // startAPIServer is a real API server with the CAPI CRDs and a Cluster demo
 // whose KubeadmControlPlane demo-cp carries annotations.
-func startAPIServer(t *testing.T, ctx context.Context, annotations map[string]string) (client.Client, *clusterv1.Cluster, *controlplanev1.KubeadmControlPlane) {
+func startAPIServer(t *testing.T, ctx context.Context, annotations map[string]string) (client.WithWatch, *clusterv1.Cluster, *controlplanev1.KubeadmControlPlane) {
 	t.Helper()
 	assets, err := member.AssetsDir("kube-apiserver", "etcd")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defs, err := manifests.CRDs()
+	defs, err := manifests.ManagementCRDs()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func startAPIServer(t *testing.T, ctx context.Context, annotations map[string]st
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Stop() })
-	c, err := client.New(cfg, client.Options{Scheme: Scheme()})
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
