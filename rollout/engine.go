@@ -104,6 +104,9 @@ type Workload interface {
 	// KubeProxyBehind says how kube-proxy differs from what KCP makes of it
 	// once the machines are done, or "" when it does not.
 	KubeProxyBehind(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) (string, error)
+	// CoreDNSBehind says how CoreDNS differs from what KCP makes of it once
+	// the machines are done, its rollout included, or "" when it does not.
+	CoreDNSBehind(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) (string, error)
 }
 
 // Etcd is what the engine needs of etcd; *etcd.Client provides it.

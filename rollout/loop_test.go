@@ -72,6 +72,10 @@ type scripted struct {
 	// kubeProxyReads calls; "" after them.
 	kubeProxyBehind string
 	kubeProxyReads  int
+	// coreDNSBehind is what CoreDNSBehind says for its next coreDNSReads
+	// calls; "" after them.
+	coreDNSBehind string
+	coreDNSReads  int
 	// drainRules are the MachineDrainRules DrainRules names.
 	drainRules []string
 	// cordoned are the nodes Cordoned names: an earlier run's drain left them.
@@ -213,6 +217,17 @@ func (f *scripted) KubeProxyBehind(context.Context, *controlplanev1.KubeadmContr
 	}
 	f.kubeProxyReads--
 	return f.kubeProxyBehind, nil
+}
+
+func (f *scripted) CoreDNSBehind(context.Context, *controlplanev1.KubeadmControlPlane) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.trace = append(f.trace, "coredns")
+	if f.coreDNSReads == 0 {
+		return "", nil
+	}
+	f.coreDNSReads--
+	return f.coreDNSBehind, nil
 }
 
 func (f *scripted) Members(context.Context, []etcd.Node) ([]etcd.Member, error) {

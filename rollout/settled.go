@@ -57,7 +57,9 @@ func Unsettled(cp *kcpstate.ControlPlane) []string {
 
 // awaitSettled waits, after the hand-back, until KCP has reconciled and
 // agrees the rollout is done (Unsettled) and has done what it does in that
-// reconcile, retag kube-proxy, reporting what it still waits for.
+// reconcile: retag kube-proxy, and move CoreDNS to the image its spec names
+// (a new tag comes with an upgrade) until the new pods replace the old. It
+// reports what it still waits for.
 // KCP creating or deleting a machine meanwhile means it found a rollout of
 // its own to do: that ends the wait at once. Either failure is exit 4; the
 // hand-back itself stands.
@@ -96,6 +98,12 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit ti
 		case behind != "":
 			return []string{behind}, nil
 		}
+		switch behind, err := e.Workload.CoreDNSBehind(ctx, cp.KCP); {
+		case err != nil:
+			return []string{"cannot read CoreDNS: " + err.Error()}, nil
+		case behind != "":
+			return []string{behind}, nil
+		}
 		return nil, nil
 	}, func(unsettled []string) error {
 		return exitcode.Timeoutf("KCP did not settle within --handback-timeout %s after the hand-back: %s", limit, strings.Join(unsettled, "; "))
@@ -103,7 +111,7 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit ti
 	if err != nil {
 		return err
 	}
-	st.done(fmt.Sprintf("KCP reports every machine at %s and up to date, and kube-proxy follows", version))
+	st.done(fmt.Sprintf("KCP reports every machine at %s and up to date, and kube-proxy and CoreDNS follow", version))
 	return nil
 }
 

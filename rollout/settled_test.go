@@ -91,8 +91,26 @@ func TestAwaitSettledWaitsForKubeProxy(t *testing.T) {
 	if f.kubeProxyReads != 0 {
 		t.Errorf("settled with kube-proxy still behind (%d reads left)", f.kubeProxyReads)
 	}
-	if !ev.find("await-kcp", progress.Waiting, "kube-proxy runs") || !ev.find("await-kcp", progress.Done, "kube-proxy follows") {
+	if !ev.find("await-kcp", progress.Waiting, "kube-proxy runs") || !ev.find("await-kcp", progress.Done, "kube-proxy and CoreDNS follow") {
 		t.Errorf("events do not show the wait for kube-proxy, then the agreement")
+	}
+}
+
+// TestAwaitSettledWaitsForCoreDNS: KCP moves CoreDNS to the image its spec
+// names in the reconcile that finds the machines done; the rollout is done
+// once the new CoreDNS pods have replaced the old.
+func TestAwaitSettledWaitsForCoreDNS(t *testing.T) {
+	f := settledWorld()
+	f.coreDNSBehind, f.coreDNSReads = "CoreDNS rolling out: 1 old pods not yet gone", 2
+	e, ev := engineFor(f, Timeouts{Handback: 10 * time.Second})
+	if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names(), e.Timeouts.Handback); err != nil {
+		t.Fatalf("awaitSettled: %v", err)
+	}
+	if f.coreDNSReads != 0 {
+		t.Errorf("settled with CoreDNS still rolling out (%d reads left)", f.coreDNSReads)
+	}
+	if !ev.find("await-kcp", progress.Waiting, "CoreDNS rolling out") || !ev.find("await-kcp", progress.Done, "CoreDNS follow") {
+		t.Errorf("events do not show the wait for CoreDNS, then the agreement")
 	}
 }
 
