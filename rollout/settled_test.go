@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/collections"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
 )
 
@@ -111,6 +112,28 @@ func TestAwaitSettledWaitsForCoreDNS(t *testing.T) {
 	}
 	if !ev.find("await-kcp", progress.Waiting, "CoreDNS rolling out") || !ev.find("await-kcp", progress.Done, "CoreDNS follow") {
 		t.Errorf("events do not show the wait for CoreDNS, then the agreement")
+	}
+}
+
+// TestUnsettledKCPIsToldInItsOwnWords: a KCP whose reconcile fails after
+// the hand-back never observes its generation; when the wait expires, the
+// error gives what KCP reports about itself, not only the generation.
+func TestUnsettledKCPIsToldInItsOwnWords(t *testing.T) {
+	f := settledWorld()
+	kcp := f.world.CP.KCP
+	kcp.Generation, kcp.Status.ObservedGeneration = 4, 3
+	conditions.Set(kcp, metav1.Condition{Type: controlplanev1.KubeadmControlPlaneAvailableCondition, Status: metav1.ConditionTrue, Reason: "Available"})
+	conditions.Set(kcp, metav1.Condition{Type: controlplanev1.KubeadmControlPlaneEtcdClusterHealthyCondition, Status: metav1.ConditionFalse,
+		Reason: "NotHealthy", Message: "* Machine demo-cp-x2k9:\n  * EtcdMemberHealthy: etcd member reports alarm NOSPACE"})
+	e, _ := engineFor(f, Timeouts{Handback: time.Second})
+	err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names(), e.Timeouts.Handback)
+	for _, want := range []string{"generation 4", "KCP says: EtcdClusterHealthy=False (NotHealthy): * Machine demo-cp-x2k9: * EtcdMemberHealthy: etcd member reports alarm NOSPACE"} {
+		if exitcode.Of(err) != exitcode.Timeout || !strings.Contains(err.Error(), want) {
+			t.Fatalf("got %v, want exit 4 saying %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "Available") {
+		t.Errorf("%v: tells a healthy condition", err)
 	}
 }
 
