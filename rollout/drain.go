@@ -60,7 +60,7 @@ func (e *Engine) drain(ctx context.Context, m *clusterv1.Machine) (d workload.Dr
 // deleted (the run stopped or failed in between). It is best effort, with a
 // context of its own: the run's may be the one that ended.
 func (e *Engine) uncordon(ctx context.Context, m *clusterv1.Machine) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	ctx, cancel := cleanupContext(ctx)
 	defer cancel()
 	_ = e.Workload.Uncordon(ctx, nodeName(m))
 }

@@ -72,10 +72,12 @@ type ControlPlane interface {
 	BreakLock(ctx context.Context, force bool, waiting func(*coordinationv1.Lease)) (string, error)
 	// Pause pauses kcp, as just read with its cluster, with rec.
 	Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record, timeout time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error)
+	// AwaitPaused waits until KCP reports Paused on kcp, paused already.
+	AwaitPaused(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, timeout time.Duration) (*controlplanev1.KubeadmControlPlane, error)
 	// SetTarget sets the target where its owner reads it: the KCP, or a
 	// topology Cluster (then it returns once the topology controller has
-	// written it into the KCP).
-	SetTarget(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32) error
+	// written it into the KCP, or topologyTimeout has passed).
+	SetTarget(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32, topologyTimeout time.Duration) error
 	Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	Complete(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	// MachineDeployments are the cluster's workers, which --wait-workers
@@ -105,6 +107,9 @@ type Workload interface {
 	// KubeProxyBehind says how kube-proxy differs from what KCP makes of it
 	// once the machines are done, or "" when it does not.
 	KubeProxyBehind(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) (string, error)
+	// CoreDNSBehind says how CoreDNS differs from what KCP makes of it once
+	// the machines are done, its rollout included, or "" when it does not.
+	CoreDNSBehind(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) (string, error)
 }
 
 // Etcd is what the engine needs of etcd; *etcd.Client provides it.

@@ -2,13 +2,17 @@ package rollout
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -113,5 +117,42 @@ func TestLeftPaused(t *testing.T) {
 	e, _ = engineFor(newScripted(world(machineSpec{})), fast)
 	if _, paused := e.LeftPaused(context.Background()); paused {
 		t.Error("a control plane that is not paused is said to be left paused")
+	}
+}
+
+// TestResumedRunWaitsForKCPToReportPaused: a run that resumes under its
+// record acts only once KCP reports Paused, as after a fresh pause: the run
+// that paused may have stopped before KCP said so.
+func TestResumedRunWaitsForKCPToReportPaused(t *testing.T) {
+	stop := errors.New("stop after the target")
+	for _, tc := range []struct {
+		name        string
+		reported    bool
+		neverPaused error
+		calls       string
+	}{
+		{"KCP has not reported Paused yet", false, nil, "await-paused, set-target"},
+		{"KCP reports Paused already", true, nil, "set-target"},
+		{"KCP never reports Paused", false, exitcode.Timeoutf("did not report Paused"), "await-paused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := pausedByUs(world(machineSpec{outdated: true}))
+			if tc.reported {
+				conditions.Set(w.CP.KCP, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionTrue, Reason: clusterv1.PausedReason})
+			}
+			h := &handover{scripted: newScripted(w), setTargetErr: stop, awaitPausedErr: tc.neverPaused}
+			e := &Engine{ControlPlane: h, Workload: h, Etcd: h, Changes: h, Timeouts: fast}
+			_, err := e.takeOver(context.Background(), Request{Operation: "upgrade", Version: "v1.36.3"}, "v1.36.3")
+			want := stop
+			if tc.neverPaused != nil {
+				want = tc.neverPaused
+			}
+			if !errors.Is(err, want) {
+				t.Fatalf("got %v, want %v", err, want)
+			}
+			if got := strings.Join(h.calls, ", "); got != tc.calls {
+				t.Fatalf("calls %s, want %s", got, tc.calls)
+			}
+		})
 	}
 }

@@ -22,6 +22,7 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
@@ -71,6 +72,10 @@ type scripted struct {
 	// kubeProxyReads calls; "" after them.
 	kubeProxyBehind string
 	kubeProxyReads  int
+	// coreDNSBehind is what CoreDNSBehind says for its next coreDNSReads
+	// calls; "" after them.
+	coreDNSBehind string
+	coreDNSReads  int
 	// drainRules are the MachineDrainRules DrainRules names.
 	drainRules []string
 	// cordoned are the nodes Cordoned names: an earlier run's drain left them.
@@ -214,6 +219,17 @@ func (f *scripted) KubeProxyBehind(context.Context, *controlplanev1.KubeadmContr
 	}
 	f.kubeProxyReads--
 	return f.kubeProxyBehind, nil
+}
+
+func (f *scripted) CoreDNSBehind(context.Context, *controlplanev1.KubeadmControlPlane) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.trace = append(f.trace, "coredns")
+	if f.coreDNSReads == 0 {
+		return "", nil
+	}
+	f.coreDNSReads--
+	return f.coreDNSBehind, nil
 }
 
 func (f *scripted) Members(context.Context, []etcd.Node) ([]etcd.Member, error) {
@@ -1203,7 +1219,8 @@ func TestServeCleanupHookFindsTheNodeByProviderID(t *testing.T) {
 // at once, and SetTarget answers what setTargetErr says.
 type handover struct {
 	*scripted
-	setTargetErr error
+	setTargetErr   error
+	awaitPausedErr error
 }
 
 func (h *handover) Pause(_ context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record, _ time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
@@ -1217,7 +1234,20 @@ func (h *handover) Pause(_ context.Context, cluster *clusterv1.Cluster, kcp *con
 	return h.world.CP.KCP, nil
 }
 
-func (h *handover) SetTarget(context.Context, *clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, string, *int32) error {
+// AwaitPaused is KCP reporting Paused once asked, unless awaitPausedErr
+// says it never does.
+func (h *handover) AwaitPaused(_ context.Context, kcp *controlplanev1.KubeadmControlPlane, _ time.Duration) (*controlplanev1.KubeadmControlPlane, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.record("await-paused")
+	if h.awaitPausedErr != nil {
+		return nil, h.awaitPausedErr
+	}
+	conditions.Set(h.world.CP.KCP, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionTrue, Reason: clusterv1.PausedReason})
+	return h.world.CP.KCP, nil
+}
+
+func (h *handover) SetTarget(context.Context, *clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, string, *int32, time.Duration) error {
 	h.record("set-target")
 	return h.setTargetErr
 }

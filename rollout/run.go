@@ -24,9 +24,6 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
 )
 
-// PauseTimeout bounds the wait for the KCP controller to report Paused.
-var PauseTimeout = 2 * time.Minute
-
 // Prepared is a checked request, ready to run: the snapshot it was checked on
 // (projected with the request's spec) and the target the loop drives towards.
 type Prepared struct {
@@ -253,14 +250,10 @@ func (e *Engine) LeftPaused(ctx context.Context) (kcp string, paused bool) {
 	return k.Name, err == nil && rec != nil && annotations.HasPaused(k)
 }
 
-// cleanupTimeout bounds what a stopping run still does on its way out
-// (release the Lease, undo a pause it cannot keep): a Ctrl-C against an
-// unreachable API server must not hang until a second signal.
-const cleanupTimeout = 10 * time.Second
-
-// cleanupContext is ctx without its cancellation, bounded by cleanupTimeout.
+// cleanupContext is for what a stopping run still does on its way out
+// (release the Lease, undo a pause it cannot keep): controlplane.CleanupContext.
 func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	return controlplane.CleanupContext(ctx)
 }
 
 // Run performs a prepared request with the KCP hand-over around the loop:
@@ -390,8 +383,11 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 		}
 	} else {
 		e.note("resume", "continuing "+rec.String())
+		if kcp, err = e.awaitPausedAgain(ctx, kcp); err != nil {
+			return nil, err
+		}
 	}
-	if err := e.ControlPlane.SetTarget(ctx, cluster, kcp, version, r.Replicas); err != nil {
+	if err := e.ControlPlane.SetTarget(ctx, cluster, kcp, version, r.Replicas, e.Timeouts.topology()); err != nil {
 		return nil, e.targetRejected(ctx, kcp, pausedNow, err)
 	}
 	live, err := e.ControlPlane.Read(ctx)
@@ -442,7 +438,7 @@ func (e *Engine) pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *con
 	st := e.begin("pause", "", "pausing KubeadmControlPlane "+kcp.Name)
 	defer st.end(&err)
 	rec := controlplane.Record{Operation: r.Operation, Target: r.TargetString(), Who: controlplane.Who(), Started: time.Now().UTC()}
-	kcp, err = e.ControlPlane.Pause(ctx, cluster, kcp, rec, PauseTimeout, takeoverCheck)
+	kcp, err = e.ControlPlane.Pause(ctx, cluster, kcp, rec, e.Timeouts.pause(), takeoverCheck)
 	if err != nil {
 		if kcp != nil {
 			cleanupCtx, cancelCleanup := cleanupContext(ctx)

@@ -9,6 +9,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
@@ -55,9 +56,53 @@ func Unsettled(cp *kcpstate.ControlPlane) []string {
 	return out
 }
 
+// KCPSays is what kcp reports about itself in its own words: each of its
+// conditions that is not in its healthy state, with KCP's reason and
+// message. A KCP whose reconcile fails after the hand-back keeps its
+// observedGeneration behind, and these say what it is stuck on (etcd or a
+// component unhealthy, certificates missing, a scale it cannot make); none
+// for a nil kcp.
+func KCPSays(kcp *controlplanev1.KubeadmControlPlane) []string {
+	if kcp == nil {
+		return nil
+	}
+	var out []string
+	for _, c := range kcp.Status.Conditions {
+		healthy, known := kcpHealthy[c.Type]
+		if !known || c.Status == healthy {
+			continue
+		}
+		say := fmt.Sprintf("%s=%s (%s)", c.Type, c.Status, c.Reason)
+		if msg := strings.Join(strings.Fields(c.Message), " "); msg != "" {
+			say += ": " + msg
+		}
+		out = append(out, say)
+	}
+	return out
+}
+
+// kcpHealthy is the status each KCP condition has when nothing is wrong or
+// in progress; Paused is Unsettled's own first word, so it is left out here.
+var kcpHealthy = map[string]metav1.ConditionStatus{
+	controlplanev1.KubeadmControlPlaneAvailableCondition:                     metav1.ConditionTrue,
+	controlplanev1.KubeadmControlPlaneInitializedCondition:                   metav1.ConditionTrue,
+	controlplanev1.KubeadmControlPlaneCertificatesAvailableCondition:         metav1.ConditionTrue,
+	controlplanev1.KubeadmControlPlaneEtcdClusterHealthyCondition:            metav1.ConditionTrue,
+	controlplanev1.KubeadmControlPlaneControlPlaneComponentsHealthyCondition: metav1.ConditionTrue,
+	controlplanev1.KubeadmControlPlaneMachinesReadyCondition:                 metav1.ConditionTrue,
+	controlplanev1.KubeadmControlPlaneMachinesUpToDateCondition:              metav1.ConditionTrue,
+	controlplanev1.KubeadmControlPlaneRollingOutCondition:                    metav1.ConditionFalse,
+	controlplanev1.KubeadmControlPlaneScalingUpCondition:                     metav1.ConditionFalse,
+	controlplanev1.KubeadmControlPlaneScalingDownCondition:                   metav1.ConditionFalse,
+	controlplanev1.KubeadmControlPlaneRemediatingCondition:                   metav1.ConditionFalse,
+	controlplanev1.KubeadmControlPlaneDeletingCondition:                      metav1.ConditionFalse,
+}
+
 // awaitSettled waits, after the hand-back, until KCP has reconciled and
 // agrees the rollout is done (Unsettled) and has done what it does in that
-// reconcile, retag kube-proxy, reporting what it still waits for.
+// reconcile: retag kube-proxy, and move CoreDNS to the image its spec names
+// (a new tag comes with an upgrade) until the new pods replace the old. It
+// reports what it still waits for.
 // KCP creating or deleting a machine meanwhile means it found a rollout of
 // its own to do: that ends the wait at once. Either failure is exit 4; the
 // hand-back itself stands.
@@ -65,8 +110,12 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit ti
 	st := e.begin("await-kcp", "", fmt.Sprintf("waiting up to %s for KCP to take over and agree the rollout is done", limit))
 	defer st.end(&err)
 	var version string
+	var last *controlplanev1.KubeadmControlPlane
 	err = e.pollUntil(ctx, st, limit, func(live bool) ([]string, error) {
 		cp, err := e.readControlPlane(ctx, live)
+		if err == nil {
+			last = cp.KCP
+		}
 		switch {
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
@@ -96,14 +145,26 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit ti
 		case behind != "":
 			return []string{behind}, nil
 		}
+		switch behind, err := e.Workload.CoreDNSBehind(ctx, cp.KCP); {
+		case err != nil:
+			return []string{"cannot read CoreDNS: " + err.Error()}, nil
+		case behind != "":
+			return []string{behind}, nil
+		}
 		return nil, nil
 	}, func(unsettled []string) error {
+		// What the tool saw (a generation not observed) is KCP failing its
+		// reconcile; why is in KCP's own conditions.
+		if says := KCPSays(last); len(says) > 0 {
+			return exitcode.Timeoutf("KCP did not settle within --handback-timeout %s after the hand-back: %s; KCP says: %s",
+				limit, strings.Join(unsettled, "; "), strings.Join(says, "; "))
+		}
 		return exitcode.Timeoutf("KCP did not settle within --handback-timeout %s after the hand-back: %s", limit, strings.Join(unsettled, "; "))
 	})
 	if err != nil {
 		return err
 	}
-	st.done(fmt.Sprintf("KCP reports every machine at %s and up to date, and kube-proxy follows", version))
+	st.done(fmt.Sprintf("KCP reports every machine at %s and up to date, and kube-proxy and CoreDNS follow", version))
 	return nil
 }
 

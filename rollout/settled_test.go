@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/collections"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
 )
 
@@ -91,8 +92,48 @@ func TestAwaitSettledWaitsForKubeProxy(t *testing.T) {
 	if f.kubeProxyReads != 0 {
 		t.Errorf("settled with kube-proxy still behind (%d reads left)", f.kubeProxyReads)
 	}
-	if !ev.find("await-kcp", progress.Waiting, "kube-proxy runs") || !ev.find("await-kcp", progress.Done, "kube-proxy follows") {
+	if !ev.find("await-kcp", progress.Waiting, "kube-proxy runs") || !ev.find("await-kcp", progress.Done, "kube-proxy and CoreDNS follow") {
 		t.Errorf("events do not show the wait for kube-proxy, then the agreement")
+	}
+}
+
+// TestAwaitSettledWaitsForCoreDNS: KCP moves CoreDNS to the image its spec
+// names in the reconcile that finds the machines done; the rollout is done
+// once the new CoreDNS pods have replaced the old.
+func TestAwaitSettledWaitsForCoreDNS(t *testing.T) {
+	f := settledWorld()
+	f.coreDNSBehind, f.coreDNSReads = "CoreDNS rolling out: 1 old pods not yet gone", 2
+	e, ev := engineFor(f, Timeouts{Handback: 10 * time.Second})
+	if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names(), e.Timeouts.Handback); err != nil {
+		t.Fatalf("awaitSettled: %v", err)
+	}
+	if f.coreDNSReads != 0 {
+		t.Errorf("settled with CoreDNS still rolling out (%d reads left)", f.coreDNSReads)
+	}
+	if !ev.find("await-kcp", progress.Waiting, "CoreDNS rolling out") || !ev.find("await-kcp", progress.Done, "CoreDNS follow") {
+		t.Errorf("events do not show the wait for CoreDNS, then the agreement")
+	}
+}
+
+// TestUnsettledKCPIsToldInItsOwnWords: a KCP whose reconcile fails after
+// the hand-back never observes its generation; when the wait expires, the
+// error gives what KCP reports about itself, not only the generation.
+func TestUnsettledKCPIsToldInItsOwnWords(t *testing.T) {
+	f := settledWorld()
+	kcp := f.world.CP.KCP
+	kcp.Generation, kcp.Status.ObservedGeneration = 4, 3
+	conditions.Set(kcp, metav1.Condition{Type: controlplanev1.KubeadmControlPlaneAvailableCondition, Status: metav1.ConditionTrue, Reason: "Available"})
+	conditions.Set(kcp, metav1.Condition{Type: controlplanev1.KubeadmControlPlaneEtcdClusterHealthyCondition, Status: metav1.ConditionFalse,
+		Reason: "NotHealthy", Message: "* Machine demo-cp-x2k9:\n  * EtcdMemberHealthy: etcd member reports alarm NOSPACE"})
+	e, _ := engineFor(f, Timeouts{Handback: time.Second})
+	err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names(), e.Timeouts.Handback)
+	for _, want := range []string{"generation 4", "KCP says: EtcdClusterHealthy=False (NotHealthy): * Machine demo-cp-x2k9: * EtcdMemberHealthy: etcd member reports alarm NOSPACE"} {
+		if exitcode.Of(err) != exitcode.Timeout || !strings.Contains(err.Error(), want) {
+			t.Fatalf("got %v, want exit 4 saying %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "Available") {
+		t.Errorf("%v: tells a healthy condition", err)
 	}
 }
 

@@ -31,10 +31,19 @@ type Timeouts struct {
 	// topology controller has upgraded every worker (WorkersBehind); 0 does
 	// not wait.
 	Workers time.Duration
+	// Pause bounds the wait for KCP to report Paused, after this run's pause
+	// and when a run resumes under its record.
+	Pause time.Duration
+	// Topology, on a topology cluster, bounds the wait for the topology
+	// controller to copy the target from the Cluster into the KCP; runtime
+	// hooks such as BeforeClusterUpgrade can hold that copy for as long as
+	// they answer "retry".
+	Topology time.Duration
 }
 
 // DefaultTimeouts are the flags' defaults.
-var DefaultTimeouts = Timeouts{Provision: 20 * time.Minute, Health: 10 * time.Minute, Delete: 20 * time.Minute, Recovery: UnhealthyGrace, Handback: 2 * time.Minute}
+var DefaultTimeouts = Timeouts{Provision: 20 * time.Minute, Health: 10 * time.Minute, Delete: 20 * time.Minute, Recovery: UnhealthyGrace, Handback: 2 * time.Minute,
+	Pause: 2 * time.Minute, Topology: 2 * time.Minute}
 
 // UnhealthyGrace is the default Recovery: long enough for a failed probe, a
 // restarting static pod or a member that lost its peers while a node rebooted
@@ -49,6 +58,23 @@ func (t Timeouts) recovery() time.Duration {
 		return t.Recovery
 	}
 	return UnhealthyGrace
+}
+
+// pause and topology are Pause and Topology, their defaults when unset: no
+// run may go on without KCP's word that it paused, nor on a KCP the topology
+// controller has not written the target into.
+func (t Timeouts) pause() time.Duration {
+	if t.Pause > 0 {
+		return t.Pause
+	}
+	return DefaultTimeouts.Pause
+}
+
+func (t Timeouts) topology() time.Duration {
+	if t.Topology > 0 {
+		return t.Topology
+	}
+	return DefaultTimeouts.Topology
 }
 
 // etcdPoll is how often etcd is read while waiting: nothing reports etcd

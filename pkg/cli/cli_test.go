@@ -123,6 +123,7 @@ func TestBadInputIsUsageError(t *testing.T) {
 		{"surge negative", []string{"upgrade", "demo", "--version", "v1.36.3", "--max-surge", "-2"}, "--max-surge must be 0 or 1"},
 		{"negative timeout", []string{"upgrade", "demo", "--version", "v1.36.3", "--health-timeout", "-1s"}, "--health-timeout must not be negative"},
 		{"no grace", []string{"upgrade", "demo", "--version", "v1.36.3", "--unhealthy-grace", "0s"}, "--unhealthy-grace must be positive"},
+		{"no topology wait", []string{"upgrade", "demo", "--version", "v1.36.3", "--topology-timeout", "0s"}, "--topology-timeout must be positive"},
 		{"bad duration", []string{"upgrade", "demo", "--version", "v1.36.3", "--settle", "soon"}, `invalid argument "soon"`},
 		{"plan with two targets", []string{"plan", "demo", "--version", "v1.36.3", "--replicas", "3"}, "not several"},
 		{"plan without target", []string{"plan", "demo"}, "needs one of"},

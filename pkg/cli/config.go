@@ -63,6 +63,7 @@ var configurable = map[string]bool{
 	// how long the tool waits, never what it changes.
 	"timeout": true, "provision-timeout": true, "health-timeout": true, "delete-timeout": true,
 	"settle": true, "handback-timeout": true, "no-wait": true, "workers-timeout": true, "unhealthy-grace": true,
+	"topology-timeout": true,
 }
 
 // notConfigurable explains a refused key or variable; flag is its name.

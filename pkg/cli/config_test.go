@@ -91,6 +91,7 @@ var configurableValues = map[string]string{
 	"request-timeout": "30s", "etcd-endpoint": "https://{{.NodeIP}}:2379", "output": "json", "etcd": "true",
 	"timeout": "1h", "provision-timeout": "5m", "health-timeout": "2m", "delete-timeout": "3m", "settle": "10s",
 	"handback-timeout": "30s", "no-wait": "true", "workers-timeout": "40m", "unhealthy-grace": "3m",
+	"topology-timeout": "15m",
 }
 
 // The allowlist names only flags that exist, and each of them still comes
@@ -120,7 +121,7 @@ func TestConfigurableKeysStillWork(t *testing.T) {
 			t.Errorf("connection flags not applied: %+v", ov)
 		}
 		if o.Output != "json" || o.EtcdEndpoint != "https://{{.NodeIP}}:2379" || o.Timeout != time.Hour ||
-			o.Timeouts.Health != 2*time.Minute || o.Timeouts.Handback != 0 || o.Request.Version != "v1.36.3" {
+			o.Timeouts.Health != 2*time.Minute || o.Timeouts.Handback != 0 || o.Timeouts.Topology != 15*time.Minute || o.Request.Version != "v1.36.3" {
 			t.Errorf("verb flags not applied: output %q, etcd endpoint %q, timeout %s, timeouts %+v", o.Output, o.EtcdEndpoint, o.Timeout, o.Timeouts)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -368,7 +369,11 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 		Template:      changes.Object{GVK: template, Name: state.KCP.Spec.MachineTemplate.Spec.InfrastructureRef.Name},
 		InfraMachines: infraMachines}
 	// The live client the caches fall back on shares cp's CRD metadata.
-	watches, err := changes.Watch(watchCtx, cfg, cp.Kube(), scope, wl.Watching)
+	// A watch is one long request, which the per-request bound would cut;
+	// the watches end with watchCtx.
+	watchCfg := rest.CopyConfig(cfg)
+	watchCfg.Timeout = 0
+	watches, err := changes.Watch(watchCtx, watchCfg, cp.Kube(), scope, wl.Watching)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
@@ -384,13 +389,26 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 // server is: the environment lacks the way in, and a runbook retries or
 // alerts on it alike. A kubeconfig that is there but names a missing
 // context, or does not parse, is bad input (exit 2), as a bad flag is.
+//
+// Every request is bounded (managementRequestTimeout, unless
+// --request-timeout says otherwise): what a run does on its way out after
+// Ctrl-C (hand a rejected target back, delete a half-made machine, release
+// the Lease) must not wait on an API server that stopped answering.
 func (c *connection) restConfig() (*rest.Config, error) {
 	cfg, err := c.Management.ToRESTConfig()
 	if err != nil {
 		return nil, c.kubeconfigError("management cluster", err)
 	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = managementRequestTimeout
+	}
 	return cfg, nil
 }
+
+// managementRequestTimeout bounds one request to the management cluster: far
+// above what an API server takes to answer one, as Cluster API's own
+// clients are bounded (10 s for a workload cluster).
+const managementRequestTimeout = 30 * time.Second
 
 // kubeconfigNamespace is the namespace of the kubeconfig's context, for a
 // verb given no -n.

@@ -12,6 +12,8 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -93,5 +95,32 @@ func TestFirstContactTimeoutIsUnreachable(t *testing.T) {
 	c := &connection{Management: newKubeconfigFlags()}
 	if got := exitcode.Of(c.firstContact(context.Background(), err)); got != exitcode.Unreachable {
 		t.Errorf("first contact timing out: exit %d, want %d", got, exitcode.Unreachable)
+	}
+}
+
+// restConfigOf is a management connection as kubectl's flags would give it.
+type restConfigOf rest.Config
+
+func (r *restConfigOf) ToRESTConfig() (*rest.Config, error) {
+	return rest.CopyConfig((*rest.Config)(r)), nil
+}
+func (r *restConfigOf) ToRawKubeConfigLoader() clientcmd.ClientConfig { return nil }
+
+// TestManagementRequestsAreBounded: every request to the management cluster
+// has a timeout, so that what a run does on its way out after Ctrl-C cannot
+// hang on an API server that stopped answering; --request-timeout, when
+// given, is kept.
+func TestManagementRequestsAreBounded(t *testing.T) {
+	for _, tc := range []struct {
+		flag, want time.Duration
+	}{{0, managementRequestTimeout}, {5 * time.Second, 5 * time.Second}} {
+		c := &connection{Management: &restConfigOf{Host: "https://127.0.0.1:1", Timeout: tc.flag}}
+		cfg, err := c.restConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Timeout != tc.want {
+			t.Errorf("--request-timeout %s: requests bounded by %s, want %s", tc.flag, cfg.Timeout, tc.want)
+		}
 	}
 }

@@ -119,7 +119,8 @@ var allRunFlags = []string{
 func withAllRunFlags(v *resolved) {
 	v.MaxSurge, v.Output, v.DryRun = 0, "json", true
 	v.Timeout = time.Hour
-	v.Timeouts = rollout.Timeouts{Provision: 5 * time.Minute, Health: 2 * time.Minute, Delete: 3 * time.Minute, Settle: 10 * time.Second, Recovery: 4 * time.Minute, Handback: 30 * time.Second}
+	v.Timeouts = rollout.Timeouts{Provision: 5 * time.Minute, Health: 2 * time.Minute, Delete: 3 * time.Minute, Settle: 10 * time.Second, Recovery: 4 * time.Minute, Handback: 30 * time.Second,
+		Pause: rollout.DefaultTimeouts.Pause, Topology: rollout.DefaultTimeouts.Topology}
 	v.EtcdEndpoint, v.KCPVersion = "https://{{.NodeIP}}:2379", "v1.14.2"
 }
 
@@ -133,6 +134,10 @@ func TestUpgradeOptions(t *testing.T) {
 			want: func(v *resolved) { v.Namespace = "capi" }},
 		{name: "no wait after the hand-back", args: []string{"demo", "--version", "v1.36.3", "--no-wait"},
 			want: func(v *resolved) { v.Timeouts.Handback = 0 }},
+		// A BeforeClusterUpgrade hook may hold the topology controller's copy
+		// of the version for longer than the default.
+		{name: "topology timeout", args: []string{"demo", "--version", "v1.36.3", "--topology-timeout", "15m"},
+			want: func(v *resolved) { v.Timeouts.Topology = 15 * time.Minute }},
 		{name: "environment", args: []string{"demo", "--version", "v1.36.3"},
 			env:  map[string]string{"CP_ROLLOUT_HEALTH_TIMEOUT": "1m", "CP_ROLLOUT_OUTPUT": "json", "CP_ROLLOUT_NAMESPACE": "capi"},
 			want: func(v *resolved) { v.Timeouts.Health, v.Output, v.Namespace = time.Minute, "json", "capi" }},

@@ -76,6 +76,7 @@ listed and confirmed at the terminal, or needs --yes.`,
 	cmd.Flags().BoolVar(&o.Request.ReplaceUnhealthy, "replace-unhealthy", false, "Replace first, as this run's first steps, the control-plane machines found broken before it starts (without it, the run refuses them and names the replace command)")
 	cmd.Flags().BoolVar(&o.WaitWorkers, "wait-workers", false, "On a ClusterClass (topology) cluster, also wait until the topology controller has upgraded every MachineDeployment to VERSION")
 	cmd.Flags().DurationVar(&o.WorkersTimeout, "workers-timeout", o.WorkersTimeout, "How long --wait-workers waits for the workers")
+	cmd.Flags().DurationVar(&o.Timeouts.Topology, "topology-timeout", o.Timeouts.Topology, "On a ClusterClass (topology) cluster, how long the topology controller may take to copy VERSION from the Cluster into the KubeadmControlPlane (BeforeClusterUpgrade hooks can hold it)")
 	return cmd
 }
 
@@ -92,6 +93,9 @@ func (o *UpgradeOptions) Validate() error {
 	}
 	if err := validateTarget(o.Request); err != nil {
 		return err
+	}
+	if o.Timeouts.Topology <= 0 {
+		return exitcode.Usagef("--topology-timeout must be positive, not %s", o.Timeouts.Topology)
 	}
 	if o.WaitWorkers {
 		if o.WorkersTimeout <= 0 {

@@ -14,7 +14,7 @@ import (
 // apiServer starts a real kube-apiserver with etcd and the CAPI CRDs the
 // simulator's management cluster loads (the generic infrastructure ones
 // included), stopped when t ends, and returns a client of it.
-func apiServer(t *testing.T) client.Client {
+func apiServer(t *testing.T) client.WithWatch {
 	t.Helper()
 	assets, err := member.AssetsDir("kube-apiserver", "etcd")
 	if err != nil {
@@ -30,7 +30,7 @@ func apiServer(t *testing.T) client.Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Stop() })
-	c, err := client.New(cfg, client.Options{Scheme: Scheme()})
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}

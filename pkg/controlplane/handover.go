@@ -119,8 +119,28 @@ func (c *Client) Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *con
 			return nil, fmt.Errorf("pausing KubeadmControlPlane %s: %w", kcp.Name, err)
 		}
 	}
+	if kcp, err = c.AwaitPaused(ctx, kcp, timeout); err != nil {
+		return nil, err
+	}
+	// A remediation KCP started just before it saw the pause is KCP's to finish.
+	if _, ok := kcp.Annotations[controlplanev1.RemediationInProgressAnnotation]; ok {
+		return kcp, exitcode.Unsafef("KubeadmControlPlane %s started a remediation (%s) before it paused: let KCP finish it first",
+			kcp.Name, controlplanev1.RemediationInProgressAnnotation)
+	}
+	return kcp, nil
+}
+
+// AwaitPaused waits until the KCP controller reports Paused on kcp, which
+// carries the pause annotation, and returns it as last read. The caller
+// knows the True it waits for answers this pause: right after setting the
+// annotation (Pause, which first waits out a True left from before), or on
+// a resumed run, whose pause was never lifted. Until KCP says so, a
+// reconcile that began before the pause may still be creating or deleting
+// machines.
+func (c *Client) AwaitPaused(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, timeout time.Duration) (*controlplanev1.KubeadmControlPlane, error) {
+	kcp = kcp.DeepCopy()
 	var last *metav1.Condition
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		if err := c.c.Get(ctx, client.ObjectKeyFromObject(kcp), kcp); err != nil {
 			return false, nil // transient; the timeout bounds it
 		}
@@ -137,11 +157,6 @@ func (c *Client) Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *con
 	}
 	if err != nil {
 		return nil, err
-	}
-	// A remediation KCP started just before it saw the pause is KCP's to finish.
-	if _, ok := kcp.Annotations[controlplanev1.RemediationInProgressAnnotation]; ok {
-		return kcp, exitcode.Unsafef("KubeadmControlPlane %s started a remediation (%s) before it paused: let KCP finish it first",
-			kcp.Name, controlplanev1.RemediationInProgressAnnotation)
 	}
 	return kcp, nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -63,9 +64,13 @@ func (c *Client) createMachine(ctx context.Context, templates client.Client, kcp
 
 	var created []client.Object
 	cleanup := func(cause error) error {
+		// The pieces go even when the run was stopped (the cause may be
+		// that), but not for longer than a stopping run may take.
+		cleanupCtx, cancel := CleanupContext(ctx)
+		defer cancel()
 		errs := []error{cause}
 		for _, obj := range created {
-			if err := c.c.Delete(context.WithoutCancel(ctx), obj); err != nil && !apierrors.IsNotFound(err) {
+			if err := c.c.Delete(cleanupCtx, obj); err != nil && !apierrors.IsNotFound(err) {
 				errs = append(errs, fmt.Errorf("cleaning up %s %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), err))
 			}
 		}
@@ -98,13 +103,26 @@ func (c *Client) createMachine(ctx context.Context, templates client.Client, kcp
 		// The apply may have gone through before its answer was lost (a
 		// cancelled or timed-out call): then the pieces belong to a Machine and
 		// must stay.
-		exists := c.c.Get(context.WithoutCancel(ctx), client.ObjectKeyFromObject(machine), &clusterv1.Machine{})
+		readCtx, cancel := CleanupContext(ctx)
+		exists := c.c.Get(readCtx, client.ObjectKeyFromObject(machine), &clusterv1.Machine{})
+		cancel()
 		if exists == nil {
 			return nil, fmt.Errorf("creating Machine %s: %w (the Machine exists; the next run goes on with it)", machine.Name, err)
 		}
 		return nil, cleanup(fmt.Errorf("creating Machine %s: %w", machine.Name, err))
 	}
 	return machine, nil
+}
+
+// CleanupTimeout bounds what a stopping run still does on its way out:
+// release the Lease, undo a pause it cannot keep, delete the pieces of a
+// machine it did not finish creating. A Ctrl-C against an unreachable API
+// server must not hang until a second signal.
+const CleanupTimeout = 10 * time.Second
+
+// CleanupContext is ctx without its cancellation, bounded by CleanupTimeout.
+func CleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
 }
 
 // applyAsKCP server-side applies obj with KCP's field manager and reads the

@@ -7,12 +7,10 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/conditions"
 )
 
 // TestPauseWaitsOutAStalePausedCondition plays the KCP controller right after
@@ -20,35 +18,11 @@ import (
 // still reported until KCP reconciles. Pause must not take that True for an
 // answer to its own pause.
 func TestPauseWaitsOutAStalePausedCondition(t *testing.T) {
-	c := apiServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	c, _, kcp := startAPIServer(t, ctx, nil)
 
-	kcp := &controlplanev1.KubeadmControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "demo-cp", Namespace: "default"}}
-	kcp.Spec.Version, kcp.Spec.Replicas = "v1.36.3", ptr.To(int32(3))
-	kcp.Spec.MachineTemplate.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
-		APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "GenericInfrastructureMachineTemplate", Name: "demo"}
-	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "demo", Namespace: "default"}}
-	cluster.Spec.ControlPlaneRef = clusterv1.ContractVersionedObjectReference{
-		APIGroup: controlplanev1.GroupVersion.Group, Kind: "KubeadmControlPlane", Name: kcp.Name}
-	for _, obj := range []client.Object{kcp, cluster} {
-		if err := c.Create(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
-	}
-	setPaused := func(status metav1.ConditionStatus) {
-		t.Helper()
-		live := &controlplanev1.KubeadmControlPlane{}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(kcp), live); err != nil {
-			t.Error(err)
-			return
-		}
-		conditions.Set(live, metav1.Condition{Type: clusterv1.PausedCondition, Status: status, Reason: "StandIn"})
-		if err := c.Status().Update(ctx, live); err != nil {
-			t.Error(err)
-		}
-	}
-	setPaused(metav1.ConditionTrue) // left from the previous run's pause
+	reportPaused(t, ctx, c, kcp, metav1.ConditionTrue) // left from the previous run's pause
 
 	// The KCP stand-in reconciles a moment later: it first reports the
 	// unpaused state, then reports Paused once it sees the annotation.
@@ -57,13 +31,13 @@ func TestPauseWaitsOutAStalePausedCondition(t *testing.T) {
 	go func() {
 		defer close(standIn)
 		time.Sleep(500 * time.Millisecond)
-		setPaused(metav1.ConditionFalse)
+		reportPaused(t, ctx, c, kcp, metav1.ConditionFalse)
 		unpausedSeen.Store(true)
 		for ctx.Err() == nil {
 			live := &controlplanev1.KubeadmControlPlane{}
 			if c.Get(ctx, client.ObjectKeyFromObject(kcp), live) == nil {
 				if _, ok := live.Annotations[clusterv1.PausedAnnotation]; ok {
-					setPaused(metav1.ConditionTrue)
+					reportPaused(t, ctx, c, kcp, metav1.ConditionTrue)
 					return
 				}
 			}

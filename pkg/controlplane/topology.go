@@ -29,20 +29,16 @@ import (
 // ManagedByTopology reports whether a ClusterClass topology manages cluster.
 func ManagedByTopology(cluster *clusterv1.Cluster) bool { return cluster.Spec.Topology.IsDefined() }
 
-// TopologyTimeout bounds the wait for the topology controller to copy a
-// target from the Cluster into the KubeadmControlPlane.
-var TopologyTimeout = 2 * time.Minute
-
 // SetTarget sets the version and replicas (empty and nil leave a field
 // alone) where their owner reads them: on the KubeadmControlPlane, or on a
 // topology Cluster, whose topology controller then writes them into the KCP
-// (SetTarget returns once it has).
-func (c *Client) SetTarget(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32) error {
+// (SetTarget returns once it has, or fails after topologyTimeout).
+func (c *Client) SetTarget(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32, topologyTimeout time.Duration) error {
 	if ManagedByTopology(cluster) {
 		if err := c.setTopologyTarget(ctx, cluster, version, replicas); err != nil {
 			return err
 		}
-		return c.awaitTopologyCopy(ctx, cluster, kcp, version, replicas)
+		return c.awaitTopologyCopy(ctx, cluster, kcp, version, replicas, topologyTimeout)
 	}
 	spec := map[string]any{}
 	if version != "" && version != kcp.Spec.Version {
@@ -92,14 +88,15 @@ func (c *Client) mergeSpec(ctx context.Context, obj client.Object, spec map[stri
 // awaitTopologyCopy waits until the KubeadmControlPlane asks for version and
 // replicas. The topology controller copies them only while it sees the
 // control plane neither provisioning nor upgrading; a KCP paused in a
-// settled state qualifies. If it does not, its TopologyReconciled condition
-// on the Cluster says why, and the error repeats it (exit 4).
-func (c *Client) awaitTopologyCopy(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32) error {
+// settled state qualifies, and lifecycle hooks (BeforeClusterUpgrade) may
+// hold it longer. If it does not within timeout, its TopologyReconciled
+// condition on the Cluster says why, and the error repeats it (exit 4).
+func (c *Client) awaitTopologyCopy(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32, timeout time.Duration) error {
 	live := kcp.DeepCopy()
 	copied := func() bool {
 		return (version == "" || live.Spec.Version == version) && (replicas == nil || ptr.Deref(live.Spec.Replicas, 1) == *replicas)
 	}
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, TopologyTimeout, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		if err := c.c.Get(ctx, client.ObjectKeyFromObject(kcp), live); err != nil {
 			return false, nil // transient; the timeout bounds it
 		}
@@ -114,8 +111,10 @@ func (c *Client) awaitTopologyCopy(ctx context.Context, cluster *clusterv1.Clust
 			seen = fmt.Sprintf("TopologyReconciled=%s (%s): %s", cond.Status, cond.Reason, cond.Message)
 		}
 	}
-	return exitcode.Timeoutf("the topology controller did not copy the target from Cluster %s into KubeadmControlPlane %s within %s (it asks for %s, %d replicas); the Cluster says %s",
-		cluster.Name, kcp.Name, TopologyTimeout, live.Spec.Version, ptr.Deref(live.Spec.Replicas, 1), seen)
+	// A lifecycle hook may hold the copy as long as it likes: the way on is a
+	// longer limit, so the message names the flag that sets it.
+	return exitcode.Timeoutf("the topology controller did not copy the target from Cluster %s into KubeadmControlPlane %s within --topology-timeout %s (it asks for %s, %d replicas); the Cluster says %s",
+		cluster.Name, kcp.Name, timeout, live.Spec.Version, ptr.Deref(live.Spec.Replicas, 1), seen)
 }
 
 // MachineDeployments lists the cluster's MachineDeployments (by the

@@ -2,12 +2,17 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
@@ -79,7 +84,7 @@ func TestReplaceDeadMachine(t *testing.T) {
 	defer cancel()
 	e, dead, mon := deadMachineSim(t, ctx)
 
-	before := versions(t, e)
+	before := quietVersions(t, e)
 	r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to)
 	if r.Code != 3 {
 		t.Fatalf("upgrade with machine %s dead: exit %d, want 3", dead, r.Code)
@@ -169,4 +174,62 @@ func TestDeadMachineKCPAlone(t *testing.T) {
 	t.Logf("KCP alone replaced a dead machine deleted with kubectl in %s", time.Since(began).Round(100*time.Millisecond))
 	mon.check(t)
 	assertConverged(t, e, 3, from)
+}
+
+// A drain a PodDisruptionBudget holds: the first victim's node runs a pod
+// whose budget allows no disruption, so Cluster API's drain would wait for it
+// without end (the KCP sets no drain timeout). The operator lowers the KCP's
+// nodeDrainTimeoutSeconds while the run waits on the deleting machine; the
+// paused KCP pushes nothing, the run does (sync-machines), the drain gives
+// up on that pod when the timeout passes, and the run converges.
+func TestDrainBlockedByPDB(t *testing.T) {
+	t.Parallel()
+	e := fastSim(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c := e.Sim.ManagementClient()
+	machines, err := e.Sim.Machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// With surge 1 on one failure domain the oldest outdated machine goes first.
+	oldest := machines[0]
+	for _, m := range machines[1:] {
+		if m.CreationTimestamp.Before(&oldest.CreationTimestamp) {
+			oldest = m
+		}
+	}
+	if err := e.Sim.BlockDrain(ctx, oldest.Name, oldest.Status.NodeRef.Name); err != nil {
+		t.Fatal(err)
+	}
+	mon := watchInvariants(t, e, 4, 2)
+	began := time.Now()
+	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
+	run.Until(t, func(ev map[string]any) bool {
+		return ev["action"] == "await-deletion" && ev["machine"] == oldest.Name
+	})
+	simtest.Eventually(t, 2*time.Minute, "Cluster API's drain of "+oldest.Name+" held by the budget", func(ctx context.Context) (bool, string, error) {
+		m := &clusterv1.Machine{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: oldest.Namespace, Name: oldest.Name}, m); err != nil {
+			return false, "", err
+		}
+		d := conditions.Get(m, clusterv1.MachineDeletingCondition)
+		return d != nil && d.Reason == clusterv1.MachineDeletingDrainingNodeReason, fmt.Sprintf("Deleting is %v", d), nil
+	})
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	if err := c.Get(ctx, e.Sim.KCPKey(), kcp); err != nil {
+		t.Fatal(err)
+	}
+	patch := []byte(`{"spec":{"machineTemplate":{"spec":{"deletion":{"nodeDrainTimeoutSeconds":5}}}}}`)
+	if err := c.Patch(ctx, kcp, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		t.Fatal(err)
+	}
+	if code := run.Wait(); code != 0 {
+		t.Fatalf("upgrade with a drain held by a PodDisruptionBudget: exit %d\n%s", code, simtest.Tail(run.Stderr(), 15))
+	}
+	t.Logf("upgrade with a blocked drain unstuck by the KCP's drain timeout took %s", time.Since(began).Round(100*time.Millisecond))
+	mon.check(t)
+	machineGone(t, ctx, e, oldest.Name)
+	assertConverged(t, e, 3, to)
+	assertKCPIdle(t, e)
 }
