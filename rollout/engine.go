@@ -77,7 +77,10 @@ type ControlPlane interface {
 	// SetTarget sets the target where its owner reads it: the KCP, or a
 	// topology Cluster (then it returns once the topology controller has
 	// written it into the KCP, or topologyTimeout has passed).
-	SetTarget(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32, topologyTimeout time.Duration) error
+	SetTarget(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, version, template string, replicas *int32, topologyTimeout time.Duration) error
+	// CheckTemplate refuses a KubeadmControlPlane whose InfraMachineTemplate
+	// cannot be read: no machine could be made from it.
+	CheckTemplate(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	Complete(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	// MachineDeployments are the cluster's workers, which --wait-workers

@@ -515,7 +515,8 @@ func StillOurs(s *Snapshot) error {
 }
 
 // TargetUnchanged stops a run whose KubeadmControlPlane, or on a topology
-// cluster whose Cluster topology, asks for another version than the run set:
+// cluster whose Cluster topology, asks for another version (or machine
+// template) than the run set:
 // a run never finishes on a spec someone else changed. (While the KCP is
 // paused mid-rollout the topology controller holds a new topology version
 // back from the KCP, so the Cluster is where that change shows.)
@@ -526,6 +527,10 @@ func TargetUnchanged(s *Snapshot, t Target) error {
 	if s.CP.KCP.Spec.Version != t.Version {
 		return exitcode.Unsafef("KubeadmControlPlane %s asks for %s, not %s: someone changed it during the run",
 			s.CP.KCP.Name, s.CP.KCP.Spec.Version, t.Version)
+	}
+	if ref := s.CP.KCP.Spec.MachineTemplate.Spec.InfrastructureRef; t.Template != "" && ref.Name != t.Template {
+		return exitcode.Unsafef("KubeadmControlPlane %s's machines are made from %s %s, not %s: someone changed it during the run",
+			s.CP.KCP.Name, ref.Kind, ref.Name, t.Template)
 	}
 	if cluster := s.CP.Cluster; controlplane.ManagedByTopology(cluster) && cluster.Spec.Topology.Version != t.Version {
 		return exitcode.Unsafef("Cluster %s's topology asks for %s, not %s: someone changed it during the run",

@@ -1247,7 +1247,7 @@ func (h *handover) AwaitPaused(_ context.Context, kcp *controlplanev1.KubeadmCon
 	return h.world.CP.KCP, nil
 }
 
-func (h *handover) SetTarget(context.Context, *clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, string, *int32, time.Duration) error {
+func (h *handover) SetTarget(context.Context, *clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, string, string, *int32, time.Duration) error {
 	h.record("set-target")
 	return h.setTargetErr
 }

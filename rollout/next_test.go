@@ -171,6 +171,7 @@ func TestNext(t *testing.T) {
 		{name: "a deleting machine without the hook goes before any hook is served",
 			s: world(machineSpec{outdated: true, deleting: true, preTermOK: true}, machineSpec{outdated: true, deleting: true, noHook: true}, cur), t: upgrade, action: AwaitDeletion, machine: "m1"},
 		{name: "a KCP version changed by someone else stops the run", s: world(cur, cur, cur), t: Target{Replicas: 3, MaxSurge: 1, Version: "v1.37.0"}, action: Refuse, code: exitcode.Unsafe, says: "someone changed it"},
+		{name: "a KCP machine template changed by someone else stops the run", s: world(cur, cur, cur), t: Target{Replicas: 3, MaxSurge: 1, Version: "v1.36.3", Template: "demo-v2"}, action: Refuse, code: exitcode.Unsafe, says: "not demo-v2: someone changed it"},
 		{name: "an in-place update in progress is refused", s: world(old, machineSpec{inPlace: true}, old), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "machine m1 is being updated in place"},
 		{name: "a pending UpdateMachine hook is refused", s: world(cur, cur, machineSpec{updateHook: true}), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "machine m2 is being updated in place"},
 		{name: "no machine at all is refused", s: world(), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "no control-plane machine"},

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/webhooks/admission"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
 
@@ -20,6 +21,10 @@ import (
 type Request struct {
 	Operation string
 	Version   string
+	// Template names the InfraMachineTemplate (of the kind and namespace the
+	// KubeadmControlPlane uses today) the machines are rolled to, with the
+	// version: a new machine image usually comes with each version.
+	Template string
 	Replicas  *int32
 	// MaxSurge is 0 or 1; negative means the KubeadmControlPlane's own.
 	MaxSurge int32
@@ -40,6 +45,9 @@ func (r Request) TargetString() string {
 		if len(r.Via) > 0 {
 			parts[len(parts)-1] += " via " + strings.Join(r.Via, ",")
 		}
+	}
+	if r.Template != "" {
+		parts = append(parts, "template="+r.Template)
 	}
 	if r.Replicas != nil {
 		parts = append(parts, fmt.Sprintf("replicas=%d", *r.Replicas))
@@ -91,6 +99,13 @@ func Desired(ctx context.Context, s *Snapshot, r Request) (*controlplanev1.Kubea
 		}
 		want.Spec.Version = r.Version
 	}
+	if r.Template != "" {
+		if controlplane.ManagedByTopology(s.CP.Cluster) {
+			return nil, exitcode.Usagef("--infrastructure-template: cluster %s takes its control plane's machine template from its ClusterClass %s; change the class (or rebase the cluster onto another) instead",
+				s.CP.Cluster.Name, s.CP.Cluster.Spec.Topology.ClassRef.Name)
+		}
+		want.Spec.MachineTemplate.Spec.InfrastructureRef.Name = r.Template
+	}
 	if r.Replicas != nil {
 		if *r.Replicas < 1 {
 			return nil, exitcode.Usagef("--replicas must be at least 1, not %d", *r.Replicas)
@@ -128,5 +143,9 @@ func TargetFor(kcp *controlplanev1.KubeadmControlPlane, r Request) Target {
 	if r.MaxSurge < 0 {
 		r.MaxSurge = KCPMaxSurge(kcp)
 	}
-	return Target{Operation: r.Operation, Replicas: ptr.Deref(kcp.Spec.Replicas, 1), MaxSurge: r.MaxSurge, Replace: r.Replace, Version: kcp.Spec.Version}
+	t := Target{Operation: r.Operation, Replicas: ptr.Deref(kcp.Spec.Replicas, 1), MaxSurge: r.MaxSurge, Replace: r.Replace, Version: kcp.Spec.Version}
+	if r.Template != "" {
+		t.Template = kcp.Spec.MachineTemplate.Spec.InfrastructureRef.Name
+	}
+	return t
 }

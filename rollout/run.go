@@ -80,6 +80,11 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r.Template != "" {
+		if err := e.ControlPlane.CheckTemplate(ctx, want); err != nil {
+			return nil, err
+		}
+	}
 	if e.Timeouts.Workers > 0 && !controlplane.ManagedByTopology(s.CP.Cluster) {
 		return nil, exitcode.Usagef("--wait-workers follows the topology controller's upgrade of the workers, and cluster %s has no ClusterClass topology: upgrade its MachineDeployments yourself",
 			s.CP.Cluster.Name)
@@ -387,7 +392,7 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 			return nil, err
 		}
 	}
-	if err := e.ControlPlane.SetTarget(ctx, cluster, kcp, version, r.Replicas, e.Timeouts.topology()); err != nil {
+	if err := e.ControlPlane.SetTarget(ctx, cluster, kcp, version, r.Template, r.Replicas, e.Timeouts.topology()); err != nil {
 		return nil, e.targetRejected(ctx, kcp, pausedNow, err)
 	}
 	live, err := e.ControlPlane.Read(ctx)

@@ -72,6 +72,9 @@ type Target struct {
 	// Version, when set, is the Kubernetes version the KubeadmControlPlane
 	// must ask for: a run never finishes on a spec someone else changed.
 	Version string
+	// Template, when set, is the InfraMachineTemplate the KubeadmControlPlane
+	// must point at, for the same reason.
+	Template string
 }
 
 // nodeName is the name of machine's node, or "" before it has one.

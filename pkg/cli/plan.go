@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -173,6 +175,7 @@ cluster's two Secrets (see "kubectl cp-rollout rbac") it is refused, exit 6.`,
 	o.ignored.addFlags(f)
 	f.StringVar(&o.version, "version", "", "Plan an upgrade to this Kubernetes version")
 	f.StringSliceVar(&o.via, "via", nil, "With --version: the versions the upgrade passes through first, one rollout each")
+	f.StringVar(&o.Request.Template, "infrastructure-template", "", "With --version: the InfraMachineTemplate the new machines are made from")
 	f.Int32Var(&o.replicas, "replicas", o.replicas, "Plan a scale to this many machines")
 	f.StringVar(&o.replace, "replace", "", "Plan the replacement of this machine")
 	f.BoolVar(&o.Request.ReplaceUnhealthy, "replace-unhealthy", false, "With --version or --replicas: plan the broken machines' replacement first, as the run with --replace-unhealthy would")
@@ -253,6 +256,24 @@ func validateTarget(r rollout.Request) error {
 	}
 	if r.Replicas != nil && *r.Replicas < 1 {
 		return exitcode.Usagef("--replicas must be at least 1, not %d", *r.Replicas)
+	}
+	return validateTemplate(r)
+}
+
+// validateTemplate checks --infrastructure-template against the rest of the
+// request: a machine image is built for one Kubernetes version, so it goes
+// with --version, and with one hop only.
+func validateTemplate(r rollout.Request) error {
+	switch {
+	case r.Template == "":
+		return nil
+	case r.Version == "":
+		return exitcode.Usagef("--infrastructure-template needs --version: a machine image goes with the Kubernetes version it was built for")
+	case len(r.Via) > 0:
+		return exitcode.Usagef("--infrastructure-template cannot go with --via: one machine template cannot serve every hop; upgrade one minor at a time, each with its own template")
+	}
+	if errs := validation.IsDNS1123Subdomain(r.Template); len(errs) > 0 {
+		return exitcode.Usagef("--infrastructure-template %q is not an object name: %s", r.Template, strings.Join(errs, "; "))
 	}
 	return nil
 }

@@ -61,6 +61,7 @@ VERSION have nothing to do. -A without -l, every cluster there is, is first
 listed and confirmed at the terminal, or needs --yes.`,
 		Example: `  kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 -n clusters
   kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 --max-surge 0 -o json
+  kubectl cp-rollout upgrade prod-eu1 --version v1.36.3 --infrastructure-template prod-eu1-cp-ubuntu-2404-v1.36.3
   kubectl cp-rollout upgrade staging-7 --version v1.36.3 --wait-workers
   kubectl cp-rollout upgrade legacy-2 --version v1.36.3 --via v1.35.2
   kubectl cp-rollout upgrade -A -l env=staging --version v1.36.3 --parallel 2 --max-failures 1`,
@@ -72,6 +73,7 @@ listed and confirmed at the terminal, or needs --yes.`,
 	o.addFlags(cmd)
 	o.addYesFlag(cmd.Flags())
 	cmd.Flags().StringVar(&o.Request.Version, "version", "", "The Kubernetes version to upgrade to, e.g. v1.36.3 (required)")
+	cmd.Flags().StringVar(&o.Request.Template, "infrastructure-template", "", "The InfraMachineTemplate the new machines are made from, with --version (of the kind and namespace the KubeadmControlPlane uses today): a new machine image with the version")
 	cmd.Flags().StringSliceVar(&o.Request.Via, "via", nil, "Versions to pass through first, one complete rollout each, in order: one of each minor between the control plane's and --version, e.g. --via v1.35.2")
 	cmd.Flags().BoolVar(&o.Request.ReplaceUnhealthy, "replace-unhealthy", false, "Replace first, as this run's first steps, the control-plane machines found broken before it starts (without it, the run refuses them and names the replace command)")
 	cmd.Flags().BoolVar(&o.WaitWorkers, "wait-workers", false, "On a ClusterClass (topology) cluster, also wait until the topology controller has upgraded every MachineDeployment to VERSION")

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/blang/semver/v4"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -14,6 +15,7 @@ import (
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/external"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -29,11 +31,13 @@ import (
 // ManagedByTopology reports whether a ClusterClass topology manages cluster.
 func ManagedByTopology(cluster *clusterv1.Cluster) bool { return cluster.Spec.Topology.IsDefined() }
 
-// SetTarget sets the version and replicas (empty and nil leave a field
-// alone) where their owner reads them: on the KubeadmControlPlane, or on a
-// topology Cluster, whose topology controller then writes them into the KCP
-// (SetTarget returns once it has, or fails after topologyTimeout).
-func (c *Client) SetTarget(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32, topologyTimeout time.Duration) error {
+// SetTarget sets the version, machine template and replicas (empty and nil
+// leave a field alone) where their owner reads them: on the
+// KubeadmControlPlane, or on a topology Cluster, whose topology controller
+// then writes them into the KCP (SetTarget returns once it has, or fails
+// after topologyTimeout). A topology cluster's template is its ClusterClass's:
+// the request was refused before it came here.
+func (c *Client) SetTarget(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, version, template string, replicas *int32, topologyTimeout time.Duration) error {
 	if ManagedByTopology(cluster) {
 		if err := c.setTopologyTarget(ctx, cluster, version, replicas); err != nil {
 			return err
@@ -46,6 +50,9 @@ func (c *Client) SetTarget(ctx context.Context, cluster *clusterv1.Cluster, kcp 
 	}
 	if replicas != nil && ptr.Deref(kcp.Spec.Replicas, 1) != *replicas {
 		spec["replicas"] = *replicas
+	}
+	if template != "" && template != kcp.Spec.MachineTemplate.Spec.InfrastructureRef.Name {
+		spec["machineTemplate"] = map[string]any{"spec": map[string]any{"infrastructureRef": map[string]any{"name": template}}}
 	}
 	if err := c.mergeSpec(ctx, kcp, spec); err != nil {
 		return fmt.Errorf("setting the target on KubeadmControlPlane %s: %w", kcp.Name, err)
@@ -209,4 +216,21 @@ func classPlan(declared []string, from, target string) ([]string, error) {
 		minor = sv.Minor
 	}
 	return plan, nil
+}
+
+// CheckTemplate refuses, as bad input, a KubeadmControlPlane whose
+// InfraMachineTemplate does not exist: the name was given on the command line
+// (the kind and namespace are the ones the KCP uses today, so a template of
+// another provider cannot be named by mistake).
+func (c *Client) CheckTemplate(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error {
+	ref := kcp.Spec.MachineTemplate.Spec.InfrastructureRef
+	_, err := external.GetObjectFromContractVersionedRef(ctx, c.c, ref, kcp.Namespace)
+	switch {
+	case apierrors.IsNotFound(err):
+		return exitcode.Usagef("--infrastructure-template: no %s %s in namespace %s (the KubeadmControlPlane's machines are %s from group %s)",
+			ref.Kind, ref.Name, kcp.Namespace, ref.Kind, ref.APIGroup)
+	case err != nil:
+		return fmt.Errorf("reading %s %s/%s: %w", ref.Kind, kcp.Namespace, ref.Name, err)
+	}
+	return nil
 }
