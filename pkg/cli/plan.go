@@ -177,7 +177,8 @@ cluster's two Secrets (see "kubectl cp-rollout rbac") it is refused, exit 6.`,
 	f.StringVar(&o.replace, "replace", "", "Plan the replacement of this machine")
 	f.BoolVar(&o.ExitCode, "exit-code", false, fmt.Sprintf("Exit %d when steps are pending, 0 when there is nothing to do", PendingExitCode))
 	f.Bool("dry-run", false, "")
-	for _, name := range []string{"timeout", "provision-timeout", "health-timeout", "delete-timeout", "settle", "dry-run"} {
+	f.String("on-failure", onFailureStay, "")
+	for _, name := range []string{"timeout", "provision-timeout", "health-timeout", "delete-timeout", "settle", "dry-run", "on-failure"} {
 		_ = f.MarkHidden(name)
 	}
 	return cmd
