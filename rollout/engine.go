@@ -83,6 +83,9 @@ type ControlPlane interface {
 	CheckTemplate(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	Complete(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
+	// RecordFailure adds a failed run's reason to the record on kcp, as
+	// just read, while its pause stands.
+	RecordFailure(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, f controlplane.Failure) error
 	// MachineDeployments are the cluster's workers, which --wait-workers
 	// follows on a topology cluster.
 	MachineDeployments(ctx context.Context) ([]clusterv1.MachineDeployment, error)
@@ -158,6 +161,13 @@ type nodeReader interface {
 	Nodes(ctx context.Context, names []string, components []string) (map[string]workload.Node, error)
 }
 
+// Audit is where a failed run says, on the Cluster and the
+// KubeadmControlPlane themselves, what its pause blocks; *audit.Trail
+// provides it.
+type Audit interface {
+	Warn(action, reason, note string, regarding ...client.Object)
+}
+
 // Lock is the run's hold on the cluster; *controlplane.Lock provides it.
 type Lock interface {
 	// Held fails once the lock is lost or about to be.
@@ -175,6 +185,8 @@ type Engine struct {
 	// Cache may be nil: waits then read live.
 	Cache    *Cache
 	Reporter progress.Reporter
+	// Audit may be nil: a failed run then writes no Events of its own.
+	Audit Audit
 	// Lock, when set, is the run's Lease: every step first checks it is held.
 	Lock     Lock
 	Timeouts Timeouts

@@ -576,3 +576,17 @@ func CheckKCPVersion(version string) error {
 	}
 	return nil
 }
+
+// InFlight returns the control-plane machines a stopped run leaves in the
+// middle of a step: those being deleted (Deleting) and the up-to-date ones
+// still joining (Joining), a replacement that is not yet healthy. Handing
+// back to KCP with one of them would leave KCP a step it did not start, with
+// a pre-terminate hook or an etcd learner it did not plan for; with none, a
+// failed run may hand back (--on-failure handback).
+func InFlight(s *Snapshot) collections.Machines {
+	inFlight := Deleting(s)
+	inFlight.Insert(s.CP.Machines.Filter(func(m *clusterv1.Machine) bool {
+		return m != nil && !s.CP.MachinesNotUpToDate.Has(m) && Joining(s, m)
+	}).UnsortedList()...)
+	return inFlight
+}

@@ -107,19 +107,6 @@ func TestHandbackGivesBackLeftCordons(t *testing.T) {
 	}
 }
 
-// TestLeftPaused: a control plane paused under this tool's record is what a
-// stopped run leaves behind, and is said; one that is not paused is not.
-func TestLeftPaused(t *testing.T) {
-	e, _ := engineFor(newScripted(pausedByUs(world(machineSpec{}))), fast)
-	if kcp, paused := e.LeftPaused(context.Background()); !paused || kcp == "" {
-		t.Errorf("paused by this tool: LeftPaused = %q, %v", kcp, paused)
-	}
-	e, _ = engineFor(newScripted(world(machineSpec{})), fast)
-	if _, paused := e.LeftPaused(context.Background()); paused {
-		t.Error("a control plane that is not paused is said to be left paused")
-	}
-}
-
 // TestResumedRunWaitsForKCPToReportPaused: a run that resumes under its
 // record acts only once KCP reports Paused, as after a fresh pause: the run
 // that paused may have stopped before KCP said so.

@@ -25,7 +25,7 @@ type Request struct {
 	// KubeadmControlPlane uses today) the machines are rolled to, with the
 	// version: a new machine image usually comes with each version.
 	Template string
-	Replicas  *int32
+	Replicas *int32
 	// MaxSurge is 0 or 1; negative means the KubeadmControlPlane's own.
 	MaxSurge int32
 	Replace  string

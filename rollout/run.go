@@ -15,7 +15,6 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
-	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
@@ -238,21 +237,6 @@ func (w *lockWait) end(err *error) {
 	if w.st != nil {
 		w.st.end(err)
 	}
-}
-
-// LeftPaused reports, from a live read, whether the KubeadmControlPlane is
-// paused under an operation record of this tool, as a run that stopped leaves
-// it, and names it. It reads even after ctx ended (an interrupted run); a
-// read that fails says nothing.
-func (e *Engine) LeftPaused(ctx context.Context) (kcp string, paused bool) {
-	ctx, cancel := cleanupContext(ctx)
-	defer cancel()
-	_, k, err := e.ControlPlane.ReadKCP(ctx)
-	if err != nil {
-		return "", false
-	}
-	rec, err := controlplane.RecordOf(k)
-	return k.Name, err == nil && rec != nil && annotations.HasPaused(k)
 }
 
 // cleanupContext is for what a stopping run still does on its way out

@@ -49,6 +49,26 @@ type ControlPlaneStatus struct {
 	Paused   bool   `json:"paused"`
 	// PausedByUs is true when the pause carries this tool's operation record.
 	PausedByUs bool `json:"pausedByUs"`
+	// State says in one line whether KCP is in charge, and if not, who
+	// paused it, since when and how the last run under that pause ended:
+	// "paused by cp-rollout since T, last run failed: REASON".
+	State string `json:"state"`
+}
+
+// PauseState is a control plane's State: active, paused by someone else, or
+// paused by this tool under rec, with its last failure if it has one.
+func PauseState(paused bool, rec *controlplane.Record) string {
+	switch {
+	case !paused:
+		return "active"
+	case rec == nil:
+		return "paused by someone else"
+	}
+	state := "paused by cp-rollout since " + rec.Started.UTC().Format(time.RFC3339)
+	if f := rec.LastFailure; f != nil {
+		state += ", last run failed: " + f.Reason
+	}
+	return state
 }
 
 // TopologyStatus describes a Cluster's ClusterClass topology: where the
@@ -133,7 +153,8 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 	st := &Status{
 		Cluster: cp.Cluster.Name, Namespace: cp.Cluster.Namespace, Operation: rec, LastOperation: controlplane.LastOf(cp.KCP),
 		ControlPlane: ControlPlaneStatus{Name: cp.KCP.Name, Version: cp.KCP.Spec.Version,
-			Replicas: ptr.Deref(cp.KCP.Spec.Replicas, 1), Paused: paused, PausedByUs: paused && rec != nil},
+			Replicas: ptr.Deref(cp.KCP.Spec.Replicas, 1), Paused: paused, PausedByUs: paused && rec != nil,
+			State: PauseState(paused, rec)},
 		Machines: []MachineStatus{}, EtcdMembers: []MemberStatus{},
 	}
 	if t := cp.Cluster.Spec.Topology; controlplane.ManagedByTopology(cp.Cluster) {

@@ -25,6 +25,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -139,6 +140,38 @@ func (t *Trail) event(e progress.Event) *eventsv1.Event {
 			Namespace: t.kcp.Namespace, Name: e.Machine}
 	}
 	return ev
+}
+
+// Warn records a Warning Event of action with reason and note on each of
+// regarding (the Cluster, the KubeadmControlPlane): what a person looking at
+// either must learn, such as a pause a failed run left standing, which
+// `kubectl describe cluster` shows only from an Event on the Cluster itself.
+// An object whose kind the client's scheme does not know is skipped.
+func (t *Trail) Warn(action, reason, note string, regarding ...client.Object) {
+	now := time.Now()
+	for _, obj := range regarding {
+		gvk, err := apiutil.GVKForObject(obj, t.c.Scheme())
+		if err != nil {
+			continue
+		}
+		ev := &eventsv1.Event{
+			ObjectMeta: metav1.ObjectMeta{Namespace: obj.GetNamespace(),
+				Name: fmt.Sprintf("%s.%x", obj.GetName(), now.UnixNano())},
+			EventTime:           metav1.NewMicroTime(now),
+			ReportingController: Controller,
+			ReportingInstance:   limit(t.instance, 128),
+			Action:              limit(action, 128),
+			Reason:              limit(reason, 128),
+			Regarding: corev1.ObjectReference{APIVersion: gvk.GroupVersion().String(), Kind: gvk.Kind,
+				Namespace: obj.GetNamespace(), Name: obj.GetName(), UID: obj.GetUID()},
+			Note: limit(note, 1024),
+			Type: corev1.EventTypeWarning,
+		}
+		select {
+		case t.events <- ev:
+		default:
+		}
+	}
 }
 
 func (t *Trail) write() {

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
@@ -90,5 +91,44 @@ func TestTrailRecordsEachStepOnTheKCP(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Fatalf("events:\n got %s\nwant %s", strings.Join(got, "\n     "), strings.Join(want, "\n     "))
+	}
+}
+
+// TestWarnOnTheClusterAndTheKCP, on a real API server: a warning about a
+// pause is one Warning Event on each object named, regarding it by its own
+// kind and UID, so `kubectl describe cluster` shows it as well as `kubectl
+// describe kcp`; a note longer than an Event allows is cut, not dropped.
+func TestWarnOnTheClusterAndTheKCP(t *testing.T) {
+	cfg := apiservertest.Start(t)
+	c, err := client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "demo", UID: "cluster-uid"}}
+	kcp := &controlplanev1.KubeadmControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "demo-control-plane", UID: "kcp-uid"}}
+	trail := New(c, kcp, "ops@bastion/pid-42")
+	trail.Warn("stay-paused", "PausedAfterFailure", "upgrade failed (exit 3): "+strings.Repeat("x", 2000), cluster, kcp)
+	trail.Close()
+
+	var list eventsv1.EventList
+	if err := c.List(context.Background(), &list, client.InNamespace("default")); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ev := range list.Items {
+		if ev.Type != corev1.EventTypeWarning || ev.Reason != "PausedAfterFailure" || ev.Action != "stay-paused" ||
+			ev.ReportingController != "cp-rollout" || ev.ReportingInstance != "ops@bastion/pid-42" ||
+			!strings.HasPrefix(ev.Note, "upgrade failed (exit 3): x") || len(ev.Note) > 1024 {
+			t.Errorf("event %s: %s %s %s by %s/%s, note of %d bytes", ev.Name, ev.Type, ev.Reason, ev.Action, ev.ReportingController, ev.ReportingInstance, len(ev.Note))
+		}
+		got = append(got, ev.Regarding.APIVersion+" "+ev.Regarding.Kind+" "+ev.Regarding.Name+" "+string(ev.Regarding.UID))
+	}
+	slices.Sort(got)
+	want := []string{
+		clusterv1.GroupVersion.String() + " Cluster demo cluster-uid",
+		controlplanev1.GroupVersion.String() + " KubeadmControlPlane demo-control-plane kcp-uid",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("events regarding\n %s\nwant\n %s", strings.Join(got, "\n "), strings.Join(want, "\n "))
 	}
 }

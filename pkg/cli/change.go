@@ -21,7 +21,11 @@ import (
 type changeOptions struct {
 	requestOptions
 	waitLimits
-	DryRun       bool
+	DryRun bool
+	// OnFailure is what a failed run (exit 3 or 4) does with its pause:
+	// stay (a re-run resumes) or handback (to KCP, when no machine is in
+	// flight).
+	OnFailure    string
 	Limits       fleetLimits // with -l/-A
 	confirmation             // -A without -l: upgrade and scale add --yes
 	// inFleet marks one cluster's run of a fleet, whose stop is told once
@@ -31,7 +35,7 @@ type changeOptions struct {
 
 func newChangeOptions(streams genericiooptions.IOStreams, operation string) changeOptions {
 	return changeOptions{requestOptions: newRequestOptions(streams, operation), waitLimits: newWaitLimits(),
-		confirmation: newConfirmation(streams)}
+		confirmation: newConfirmation(streams), OnFailure: onFailureStay}
 }
 
 func (o *changeOptions) addFlags(cmd *cobra.Command) {
@@ -41,7 +45,14 @@ func (o *changeOptions) addFlags(cmd *cobra.Command) {
 	o.addSelectionFlags(f)
 	o.Limits.addFlags(f)
 	f.BoolVar(&o.DryRun, "dry-run", false, "Print the plan (as the plan verb does) and change nothing")
+	f.StringVar(&o.OnFailure, "on-failure", o.OnFailure, "What a run that fails (exit 3 or 4) does with the KubeadmControlPlane's pause: stay (paused with the run's record; re-run to resume) or handback (give it back to KCP, unless a machine is still joining or deleting); the exit code is the failure's either way")
 }
+
+// The values of --on-failure.
+const (
+	onFailureStay     = "stay"
+	onFailureHandback = "handback"
+)
 
 // complete takes the CLUSTER argument and what the flags imply.
 func (o *changeOptions) complete(cmd *cobra.Command, args []string) {
@@ -52,6 +63,9 @@ func (o *changeOptions) complete(cmd *cobra.Command, args []string) {
 // validate checks the shared flags; it reads nothing but the options.
 func (o *changeOptions) validate() error {
 	if err := o.validateSelection(o.Request.Operation); err != nil {
+		return err
+	}
+	if err := oneOf("on-failure", o.OnFailure, onFailureStay, onFailureHandback); err != nil {
 		return err
 	}
 	if err := o.Limits.validate(o.fleet()); err != nil {
@@ -89,46 +103,68 @@ func (o *changeOptions) Run(ctx context.Context) error {
 
 // runOne performs the request on one cluster, within --timeout.
 func (o *changeOptions) runOne(ctx context.Context, reporter progress.Reporter) error {
+	runCtx := ctx
 	if o.Timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, o.Timeout,
+		runCtx, cancel = context.WithTimeoutCause(ctx, o.Timeout,
 			exitcode.Timeoutf("%s %s did not finish within --timeout %s; re-run the same command to continue", o.Request.Operation, o.Cluster, o.Timeout))
 		defer cancel()
 	}
-	err := o.converge(ctx, reporter)
-	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
-		err = cause
-	}
-	return err
+	return o.converge(ctx, runCtx, reporter)
 }
 
-// pausedHint says what a run that stopped leaves behind while its pause
-// stands, and the two ways on: a paused KCP is frozen for everyone else too.
-const pausedHint = `KubeadmControlPlane %s stays paused with this run's record. While it is, KCP remediates no machine and renews no certificate, and Cluster API holds back the cluster's worker MachineSets while the control plane's spec.version is ahead of its status. Re-run the same command to continue, or ` + "`kubectl cp-rollout handback %s`" + ` to give control back to KCP.
-`
-
 // converge connects, checks the request against the cluster and runs the
-// rollout loop until the control plane matches it.
-func (o *changeOptions) converge(ctx context.Context, reporter progress.Reporter) error {
-	engine, closeEngine, err := o.connect(ctx, engineUse{loop: true, reporter: reporter, timeouts: o.Timeouts, access: &rbac.Operate})
+// rollout loop until the control plane matches it, all within runCtx. What
+// follows a failure is done within ctx: runCtx may be what --timeout ended.
+func (o *changeOptions) converge(ctx, runCtx context.Context, reporter progress.Reporter) error {
+	engine, closeEngine, err := o.connect(runCtx, engineUse{loop: true, reporter: reporter, timeouts: o.Timeouts, access: &rbac.Operate})
 	if err != nil {
-		return err
+		return stopCause(runCtx, err)
 	}
 	defer closeEngine()
-	prepared, err := engine.Prepare(ctx, o.Request)
-	if err != nil {
-		return err
-	}
-	if prepared.NothingToDo != "" {
+	prepared, err := engine.Prepare(runCtx, o.Request)
+	if err == nil && prepared.NothingToDo != "" {
 		reporter.Report(progress.Event{Time: time.Now(), Cluster: o.Cluster, Namespace: o.Namespace, Action: o.Request.Operation,
 			Phase: progress.Done, Message: prepared.NothingToDo})
 		return nil
 	}
-	err = engine.Run(ctx, prepared)
-	if err != nil && !o.inFleet {
-		if kcp, paused := engine.LeftPaused(ctx); paused {
-			fmt.Fprintf(o.Streams.ErrOut, pausedHint, kcp, o.Cluster)
+	if err == nil {
+		err = engine.Run(runCtx, prepared)
+	}
+	if err == nil {
+		return nil
+	}
+	return o.afterFailure(ctx, engine, stopCause(runCtx, err))
+}
+
+// stopCause is err, or when runCtx ended with a cause of its own (--timeout)
+// that cause, which explains the stop better than its echo.
+func stopCause(runCtx context.Context, err error) error {
+	if cause := context.Cause(runCtx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return err
+}
+
+// afterFailure explains, or with --on-failure handback gives back, the pause
+// a failed run left (rollout.Engine.AfterFailure), says so, and returns the
+// run's error with what became of the pause: a fleet's table shows that
+// error alone. The exit code stays the failure's.
+func (o *changeOptions) afterFailure(ctx context.Context, engine *rollout.Engine, err error) error {
+	a := engine.AfterFailure(ctx, o.Request, err, o.OnFailure == onFailureHandback)
+	switch {
+	case len(a.HandedBack) > 0:
+		if !o.inFleet {
+			for _, line := range a.HandedBack {
+				fmt.Fprintln(o.Streams.ErrOut, line)
+			}
 		}
+		return exitcode.New(exitcode.Of(err), fmt.Errorf("%w; --on-failure handback: KubeadmControlPlane %s handed back to KCP", err, a.KCP))
+	case a.Paused && !o.inFleet:
+		fmt.Fprintln(o.Streams.ErrOut, a.Hint)
+	}
+	if a.Stayed != "" {
+		return exitcode.New(exitcode.Of(err), fmt.Errorf("%w; --on-failure handback: KubeadmControlPlane %s stays paused: %s", err, a.KCP, a.Stayed))
 	}
 	return err
 }

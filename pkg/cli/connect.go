@@ -356,7 +356,7 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 		return engine, cleanup, nil
 	}
 	trail := audit.New(mgmt, state.KCP, controlplane.Who())
-	engine.Reporter = trail.Reporter(use.reporter)
+	engine.Reporter, engine.Audit = trail.Reporter(use.reporter), trail
 	closers = append(closers, trail.Close)
 	watchCtx, stop := context.WithCancel(ctx)
 	closers = append(closers, stop)

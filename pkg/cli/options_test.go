@@ -47,6 +47,7 @@ type resolved struct {
 	Replicas                                     string // "" when not asked for
 	MaxSurge                                     int32
 	Output                                       string
+	OnFailure                                    string // the change verbs'
 	Timeout                                      time.Duration
 	Timeouts                                     rollout.Timeouts
 	DryRun, ExitCode                             bool
@@ -105,7 +106,7 @@ func checkOptions[O any](t *testing.T, verb string, newCmd func(*RootOptions, fu
 
 func viewChange(r result, c *changeOptions) resolved {
 	v := resolvedRequest(r, &c.requestOptions)
-	v.Timeout, v.Timeouts, v.DryRun = c.Timeout, c.Timeouts, c.DryRun
+	v.Timeout, v.Timeouts, v.DryRun, v.OnFailure = c.Timeout, c.Timeouts, c.DryRun, c.OnFailure
 	return v
 }
 
@@ -113,11 +114,11 @@ func viewChange(r result, c *changeOptions) resolved {
 var allRunFlags = []string{
 	"--max-surge", "0", "--timeout", "1h", "--provision-timeout", "5m", "--health-timeout", "2m",
 	"--delete-timeout", "3m", "--settle", "10s", "--unhealthy-grace", "4m", "--handback-timeout", "30s", "-o", "json", "--dry-run",
-	"--etcd-endpoint", "https://{{.NodeIP}}:2379", "--kcp-version", "v1.14.2",
+	"--etcd-endpoint", "https://{{.NodeIP}}:2379", "--kcp-version", "v1.14.2", "--on-failure", "handback",
 }
 
 func withAllRunFlags(v *resolved) {
-	v.MaxSurge, v.Output, v.DryRun = 0, "json", true
+	v.MaxSurge, v.Output, v.DryRun, v.OnFailure = 0, "json", true, "handback"
 	v.Timeout = time.Hour
 	v.Timeouts = rollout.Timeouts{Provision: 5 * time.Minute, Health: 2 * time.Minute, Delete: 3 * time.Minute, Settle: 10 * time.Second, Recovery: 4 * time.Minute, Handback: 30 * time.Second,
 		Pause: rollout.DefaultTimeouts.Pause, Topology: rollout.DefaultTimeouts.Topology}
@@ -126,7 +127,7 @@ func withAllRunFlags(v *resolved) {
 
 func TestUpgradeOptions(t *testing.T) {
 	base := requestDefaults("upgrade")
-	base.Version = "v1.36.3"
+	base.Version, base.OnFailure = "v1.36.3", "stay"
 	checkOptions(t, "upgrade", NewCmdUpgrade, func(r result, o *UpgradeOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
 		{name: "defaults", args: []string{"demo", "--version", "v1.36.3"}},
 		{name: "every flag", args: append([]string{"demo", "--version", "v1.36.3"}, allRunFlags...), want: withAllRunFlags},
@@ -161,7 +162,7 @@ func TestUpgradeOptions(t *testing.T) {
 
 func TestScaleOptions(t *testing.T) {
 	base := requestDefaults("scale")
-	base.Replicas = "3"
+	base.Replicas, base.OnFailure = "3", "stay"
 	checkOptions(t, "scale", NewCmdScale, func(r result, o *ScaleOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
 		{name: "replicas", args: []string{"demo", "--replicas", "3"}},
 		{name: "every flag", args: append([]string{"demo", "--replicas", "3"}, allRunFlags...), want: withAllRunFlags},
@@ -175,7 +176,7 @@ func TestScaleOptions(t *testing.T) {
 
 func TestReplaceOptions(t *testing.T) {
 	base := requestDefaults("replace")
-	base.Replace = "demo-cp-x2k9"
+	base.Replace, base.OnFailure = "demo-cp-x2k9", "stay"
 	checkOptions(t, "replace", NewCmdReplace, func(r result, o *ReplaceOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
 		{name: "machine", args: []string{"demo", "demo-cp-x2k9"}},
 		{name: "every flag", args: append([]string{"demo", "demo-cp-x2k9"}, allRunFlags...), want: withAllRunFlags},
@@ -278,6 +279,7 @@ func TestBadInputRefusedBeforeAnyCluster(t *testing.T) {
 		{[]string{"upgrade", "demo"}, 2, "--version is required"},
 		{[]string{"upgrade", "demo", "--version", to, "--max-surge", "2"}, 2, "--max-surge must be 0 or 1"},
 		{[]string{"upgrade", "demo", "--version", to, "--health-timeout", "-1m"}, 2, "must not be negative"},
+		{[]string{"upgrade", "demo", "--version", to, "--on-failure", "retry"}, 2, "--on-failure"},
 		{[]string{"upgrade", "demo", "--version", to, "--etcd-endpoint", "https://{{.Nope}}:2379"}, 2, "--etcd-endpoint"},
 		{[]string{"scale", "demo", "--replicas", "0"}, 2, "at least 1"},
 		{[]string{"scale", "demo", "--replicas", "-1"}, 2, "at least 1"},

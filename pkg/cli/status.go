@@ -127,14 +127,14 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	cp := st.ControlPlane
 	fmt.Fprintf(w, "CLUSTER\t%s/%s\n", st.Namespace, st.Cluster)
-	state := "active"
-	switch {
-	case cp.PausedByUs:
-		state = "paused by cp-rollout: " + st.Operation.String()
-	case cp.Paused:
-		state = "paused by someone else"
+	fmt.Fprintf(w, "CONTROL PLANE\t%s  %s  %d replicas  %s\n", cp.Name, cp.Version, cp.Replicas, rollout.PauseState(cp.Paused, st.Operation))
+	if op := st.Operation; op != nil && cp.PausedByUs {
+		line := op.String()
+		if f := op.LastFailure; f != nil {
+			line += fmt.Sprintf("; last run failed %s (exit %d)", f.Time.UTC().Format(time.RFC3339), f.ExitCode)
+		}
+		fmt.Fprintf(w, "OPERATION\t%s\n", line)
 	}
-	fmt.Fprintf(w, "CONTROL PLANE\t%s  %s  %d replicas  %s\n", cp.Name, cp.Version, cp.Replicas, state)
 	if t := st.Topology; t != nil {
 		replicas := ""
 		if t.Replicas != nil {

@@ -51,3 +51,50 @@ func TestStatusManagementOnly(t *testing.T) {
 		t.Errorf("management-only status:\n%s", out.String())
 	}
 }
+
+// TestStatusShowsAFailedRun: a control plane a failed run left paused says
+// so on its one CONTROL PLANE line, and the operation's own line says who
+// ran it and when it failed.
+func TestStatusShowsAFailedRun(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	rec := &controlplane.Record{Operation: "upgrade", Target: "v1.36.3", Who: "ops@bastion/pid-7", Started: now.Add(-time.Hour),
+		LastFailure: &controlplane.Failure{Reason: "machine demo-cp-1: etcd member n1 is unhealthy", Time: now.Add(-time.Minute), ExitCode: 3}}
+	st := &rollout.Status{Cluster: "demo", Namespace: "default", EtcdManaged: true, Operation: rec,
+		ControlPlane: rollout.ControlPlaneStatus{Name: "demo-cp", Version: "v1.36.3", Replicas: 3, Paused: true, PausedByUs: true}}
+	var out bytes.Buffer
+	if err := printStatus(&out, st, false, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"CONTROL PLANE  demo-cp  v1.36.3  3 replicas  paused by cp-rollout since 2026-12-01T11:00:00Z, last run failed: machine demo-cp-1: etcd member n1 is unhealthy\n",
+		"OPERATION      upgrade to v1.36.3 by ops@bastion/pid-7, started 2026-12-01T11:00:00Z; last run failed 2026-12-01T11:59:00Z (exit 3)\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status without %q:\n%s", want, out.String())
+		}
+	}
+
+	// Resumed and running again: no failure to tell.
+	rec.LastFailure = nil
+	out.Reset()
+	if err := printStatus(&out, st, false, now); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "paused by cp-rollout since 2026-12-01T11:00:00Z\n") || strings.Contains(out.String(), "failed") {
+		t.Errorf("status of a pause without a failure:\n%s", out.String())
+	}
+}
+
+// TestFleetStatusMarksAFailedRun: over a fleet, an operation whose last run
+// failed says so in its column, without the reason, which status CLUSTER
+// shows.
+func TestFleetStatusMarksAFailedRun(t *testing.T) {
+	rec := &controlplane.Record{Operation: "upgrade", Target: "v1.36.3"}
+	if got := operation(rec); got != "upgrade to v1.36.3" {
+		t.Errorf("operation %q", got)
+	}
+	rec.LastFailure = &controlplane.Failure{Reason: "machine m1: etcd member n1 is unhealthy", ExitCode: 4}
+	if got := operation(rec); got != "upgrade to v1.36.3, last run failed (exit 4)" {
+		t.Errorf("operation whose run failed: %q", got)
+	}
+}

@@ -150,7 +150,12 @@ func operation(rec *controlplane.Record) string {
 	if rec == nil {
 		return ""
 	}
-	return rec.Operation + " to " + rec.Target
+	line := rec.Operation + " to " + rec.Target
+	if f := rec.LastFailure; f != nil {
+		// The reason is status CLUSTER's to show: a fleet's row stays short.
+		line += fmt.Sprintf(", last run failed (exit %d)", f.ExitCode)
+	}
+	return line
 }
 
 func lastOperation(rec *controlplane.Record) string {

@@ -40,7 +40,23 @@ type Record struct {
 	Who       string     `json:"who"`
 	Started   time.Time  `json:"started"`
 	Finished  *time.Time `json:"finished,omitempty"`
+	// LastFailure is why the latest run under this record failed, while the
+	// pause it left stands: status explains the pause with it. Records
+	// written before it existed have none; the operation finishing clears it.
+	LastFailure *Failure `json:"lastFailure,omitempty"`
 }
+
+// Failure is a run that stopped on an unsafe state (exit 3) or a wait that
+// ran out (exit 4), leaving its pause and record for a re-run.
+type Failure struct {
+	Reason   string    `json:"reason"`
+	Time     time.Time `json:"time"`
+	ExitCode int       `json:"exitCode"`
+}
+
+// maxFailureReason bounds the reason kept in the record: it is an
+// annotation, read on every reconcile of the KubeadmControlPlane.
+const maxFailureReason = 1024
 
 func (r Record) String() string {
 	return fmt.Sprintf("%s to %s by %s, started %s", r.Operation, r.Target, r.Who, r.Started.UTC().Format(time.RFC3339))
@@ -202,11 +218,54 @@ func (c *Client) Complete(ctx context.Context, kcp *controlplanev1.KubeadmContro
 	}
 	now := time.Now().UTC()
 	rec.Finished = &now
+	rec.LastFailure = nil // the operation finished: an earlier failure no longer explains anything
 	raw, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
 	return c.patchAnnotations(ctx, kcp, map[string]any{clusterv1.PausedAnnotation: nil, RecordAnnotation: nil, LastOperationAnnotation: string(raw)})
+}
+
+// RecordFailure adds f to the operation record on kcp as just read. It writes
+// only a KubeadmControlPlane still paused under a record of ours, and only
+// the version it read: a hand-back in between must not get a record back
+// without its pause, so a conflict is read and checked again.
+func (c *Client) RecordFailure(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, f Failure) error {
+	f.Reason = strings.Join(strings.Fields(f.Reason), " ") // one line, for status
+	if len(f.Reason) > maxFailureReason {
+		f.Reason = f.Reason[:maxFailureReason-3] + "..."
+	}
+	f.Time = f.Time.UTC()
+	for attempt := 1; ; attempt++ {
+		rec, err := RecordOf(kcp)
+		if _, paused := kcp.Annotations[clusterv1.PausedAnnotation]; err != nil || rec == nil || !paused {
+			return err
+		}
+		rec.LastFailure = &f
+		raw, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		body, err := json.Marshal(map[string]any{"metadata": map[string]any{
+			"uid": kcp.UID, "resourceVersion": kcp.ResourceVersion,
+			"annotations": map[string]any{RecordAnnotation: string(raw)},
+		}})
+		if err != nil {
+			return err
+		}
+		err = c.c.Patch(ctx, kcp.DeepCopy(), client.RawPatch(types.MergePatchType, body))
+		if err == nil || !apierrors.IsConflict(err) || attempt == 5 {
+			if err != nil {
+				return fmt.Errorf("recording the failure on KubeadmControlPlane %s: %w", kcp.Name, err)
+			}
+			return nil
+		}
+		fresh := &controlplanev1.KubeadmControlPlane{}
+		if err := c.c.Get(ctx, client.ObjectKeyFromObject(kcp), fresh); err != nil {
+			return err
+		}
+		kcp = fresh
+	}
 }
 
 // The KubeadmControlPlane controller's Deployment as clusterctl installs it.
