@@ -585,8 +585,14 @@ func CheckKCPVersion(version string) error {
 // failed run may hand back (--on-failure handback).
 func InFlight(s *Snapshot) collections.Machines {
 	inFlight := Deleting(s)
-	inFlight.Insert(s.CP.Machines.Filter(func(m *clusterv1.Machine) bool {
-		return m != nil && !s.CP.MachinesNotUpToDate.Has(m) && Joining(s, m)
-	}).UnsortedList()...)
+	inFlight.Insert(s.CP.Machines.Filter(Replacing(s)).UnsortedList()...)
 	return inFlight
+}
+
+// Replacing selects the up-to-date machines still joining: a replacement
+// (this tool's or KCP's) not yet healthy, which the loop waits on.
+func Replacing(s *Snapshot) collections.Func {
+	return func(m *clusterv1.Machine) bool {
+		return m != nil && !s.CP.MachinesNotUpToDate.Has(m) && Joining(s, m)
+	}
 }

@@ -141,7 +141,7 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		if err == nil || condemned.Has(m) {
 			continue
 		}
-		if !s.CP.MachinesNotUpToDate.Has(m) && Joining(s, m) {
+		if Replacing(s)(m) {
 			return Step{Action: AwaitJoin, Machine: m, Reason: err.Error()}
 		}
 		// A machine that was up and went bad may recover (a failed probe, a
