@@ -37,7 +37,17 @@ type faultOptions struct {
 	scope      sim.FaultScope
 	name       string // of the Machine or Cluster
 	fault      string
-	on         bool
+	// value is the setting of a fault that takes one (certs-expire-in=10d).
+	value string
+	on    bool
+}
+
+// entry is the fault as the annotation holds it: NAME or NAME=VALUE.
+func (o *faultOptions) entry() string {
+	if o.value == "" {
+		return o.fault
+	}
+	return o.fault + "=" + o.value
 }
 
 // badTarget is a target the management cluster shows to be wrong (no such
@@ -61,7 +71,7 @@ func parseFault(args []string) (*faultOptions, error) {
 		return nil, err
 	}
 	if fs.NArg() != 2 {
-		return nil, fmt.Errorf("expected MACHINE|cluster/NAME and FAULT[=off], got %d arguments", fs.NArg())
+		return nil, fmt.Errorf("expected MACHINE|cluster/NAME and FAULT[=off|=VALUE], got %d arguments", fs.NArg())
 	}
 	if o.wait < 0 {
 		return nil, fmt.Errorf("--wait must not be negative, got %s", o.wait)
@@ -81,19 +91,25 @@ func parseFault(args []string) (*faultOptions, error) {
 	if o.name == "" {
 		return nil, fmt.Errorf("target %q names no object", target)
 	}
-	o.fault, o.on = fault, true
-	if name, state, ok := strings.Cut(fault, "="); ok {
-		switch state {
-		case "on":
-		case "off":
-			o.on = false
-		default:
-			return nil, fmt.Errorf("fault %q: the state after = is on or off", fault)
-		}
-		o.fault = name
-	}
-	if _, err := sim.LookupFault(o.scope, o.fault); err != nil {
+	name, arg, hasArg := strings.Cut(fault, "=")
+	f, err := sim.LookupFault(o.scope, name)
+	if err != nil {
 		return nil, err
+	}
+	o.fault, o.on = name, true
+	switch {
+	case arg == "off":
+		o.on = false
+	case f.Value != "":
+		// A setting: the value after = is the fault's, checked as the
+		// simulator will read it.
+		_, value, err := sim.ParseFault(o.scope, fault)
+		if err != nil {
+			return nil, err
+		}
+		o.value = value
+	case hasArg && arg != "on":
+		return nil, fmt.Errorf("fault %q: the state after = is on or off", fault)
 	}
 	return o, nil
 }
@@ -158,7 +174,7 @@ func (o *faultOptions) run(ctx context.Context, stdout io.Writer) error {
 		if err := o.fits(obj); err != nil {
 			return err
 		}
-		value := sim.WithFault(obj.GetAnnotations()[sim.FaultAnnotation], o.fault, o.on)
+		value := sim.WithFault(obj.GetAnnotations()[sim.FaultAnnotation], o.entry(), o.on)
 		// The resourceVersion makes the patch fail on a concurrent change
 		// rather than drop another fault written meanwhile.
 		patch := client.MergeFromWithOptions(obj.DeepCopyObject().(client.Object), client.MergeFromWithOptimisticLock{})
@@ -179,30 +195,31 @@ func (o *faultOptions) run(ctx context.Context, stdout io.Writer) error {
 	}
 	state := map[bool]string{true: "on", false: "off"}[o.on]
 	if o.wait == 0 {
-		fmt.Fprintf(stdout, "%s: %s %s asked for\n", display, o.fault, state)
+		fmt.Fprintf(stdout, "%s: %s %s asked for\n", display, o.entry(), state)
 		return nil
 	}
 	applied, err := o.awaitApplied(ctx, c, key, obj)
 	if err != nil {
 		kind := map[sim.FaultScope]string{sim.MachineFault: "machine", sim.ClusterFault: "cluster"}[o.scope]
 		return fmt.Errorf("%s: %s %s asked for, not in effect after %s (%v): `kubectl describe %s %s -n %s` shows the simulator's Events",
-			display, o.fault, state, o.wait, err, kind, o.name, o.namespace)
+			display, o.entry(), state, o.wait, err, kind, o.name, o.namespace)
 	}
 	if applied == "" {
 		applied = "none"
 	}
-	fmt.Fprintf(stdout, "%s: %s %s, in effect (faults in effect: %s)\n", display, o.fault, state, applied)
+	fmt.Fprintf(stdout, "%s: %s %s, in effect (faults in effect: %s)\n", display, o.entry(), state, applied)
 	return nil
 }
 
 // fits refuses a fault the target cannot have: the etcd and static pod
-// faults act on what only a control-plane machine runs.
+// faults act on what only a control-plane machine runs, and KCP records
+// certificate expiries of its own machines only.
 func (o *faultOptions) fits(obj client.Object) error {
 	if o.scope != sim.MachineFault || o.fault == sim.FaultNodeNotReady || o.fault == sim.FaultDrainBlocked {
 		return nil
 	}
 	if _, cp := obj.GetLabels()[clusterv1.MachineControlPlaneLabel]; !cp {
-		return badTarget{fmt.Errorf("machine %s is a worker: it runs no etcd member or static pods for %s", o.name, o.fault)}
+		return badTarget{fmt.Errorf("machine %s is a worker: %s acts on a control-plane machine", o.name, o.fault)}
 	}
 	return nil
 }
@@ -217,12 +234,15 @@ func (o *faultOptions) awaitApplied(ctx context.Context, c client.Client, key ty
 		}
 		applied = obj.GetAnnotations()[sim.FaultAppliedAnnotation]
 		faults, _ := sim.ParseFaults(o.scope, applied)
-		return slices.Contains(faults, o.fault) == o.on, nil
+		if o.on {
+			return slices.Contains(faults, o.entry()), nil
+		}
+		return !slices.ContainsFunc(faults, func(f string) bool { return sim.FaultName(f) == o.fault }), nil
 	})
 	return applied, err
 }
 
-const faultUsage = "cp-rollout-sim fault [--kubeconfig FILE] [--namespace NS] [--wait 1m] MACHINE|cluster/NAME FAULT[=off]"
+const faultUsage = "cp-rollout-sim fault [--kubeconfig FILE] [--namespace NS] [--wait 1m] MACHINE|cluster/NAME FAULT[=off|=VALUE]"
 
 // faultHelp is `fault --help`: the usage, what the command writes, and the
 // faults from the simulator's catalogue.
@@ -231,8 +251,9 @@ func faultHelp() string {
 	fmt.Fprintf(&b, `Usage: %s
 
 Sets a fault on a control-plane Machine or on the Cluster (FAULT=off removes
-it) by writing the %s annotation, as
-  kubectl annotate machine NAME %s=etcd-stopped,drain-blocked --overwrite
+it; a fault listed as FAULT=VALUE takes a value, and a new value replaces the
+old) by writing the %s annotation, as
+  kubectl annotate machine NAME %s=etcd-stopped,certs-expire-in=10d --overwrite
 would, and waits until the simulator records it in effect in %s.
 The simulator also reports what it did as Events on the object.
 
@@ -242,7 +263,11 @@ The simulator also reports what it did as Events on the object.
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 		for _, f := range sim.FaultCatalogue() {
 			if f.Scope == scope {
-				fmt.Fprintf(tw, "  %s\t%s; off: %s\n", f.Name, f.Effect, f.Undo)
+				usage := f.Name
+				if f.Value != "" {
+					usage += "=" + f.Value
+				}
+				fmt.Fprintf(tw, "  %s\t%s; off: %s\n", usage, f.Effect, f.Undo)
 			}
 		}
 		_ = tw.Flush()

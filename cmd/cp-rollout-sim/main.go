@@ -3,7 +3,7 @@
 // the plugin and rehearsing runbooks.
 //
 //	cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default]
-//	    [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s]
+//	    [--replicas 3] [--version v1.35.2] [--image sim-image-<version>] [--provision-delay 2s] [--delete-delay 1s]
 //	    [--capacity 0] [--failure-domains 0] [--workers 0] [--topology] [--class-versions V,V,...] [--mhc=true] [--without-kcp]
 //	    [--clusters 1] [--inert-clusters 0] [--inert-machines 3]
 //
@@ -16,9 +16,10 @@
 // are management-cluster objects only (sim.CreateInertClusters), a fleet to
 // select from at little cost. Every cluster is in --namespace.
 //
-//	cp-rollout-sim fault [--kubeconfig FILE] [--namespace NS] [--wait 1m] MACHINE|cluster/NAME FAULT[=off]
+//	cp-rollout-sim fault [--kubeconfig FILE] [--namespace NS] [--wait 1m] MACHINE|cluster/NAME FAULT[=off|=VALUE]
 //
-// sets or removes one fault in the sim.cp-rollout.io/fault annotation of a
+// sets or removes one fault (with its value, for a setting such as
+// certs-expire-in=10d) in the sim.cp-rollout.io/fault annotation of a
 // Machine or the Cluster of a running simulator, as kubectl annotate would,
 // and waits until the simulator reports it in effect; `fault --help` lists
 // the faults (pkg/sim FaultCatalogue).
@@ -84,6 +85,7 @@ func parseUp(args []string) (*upOptions, error) {
 	fs.StringVar(&o.sim.Namespace, "namespace", "default", "namespace of the Cluster")
 	fs.Int32Var(&o.sim.Replicas, "replicas", 3, "control-plane replicas")
 	fs.StringVar(&o.sim.Version, "version", "v1.35.2", "Kubernetes version of the control plane")
+	fs.StringVar(&o.sim.Image, "image", "", "machine image of the infrastructure machine templates (spec.template.spec.image), the nodes' osImage; default sim-image-<version>")
 	fs.DurationVar(&o.sim.ProvisionDelay, "provision-delay", 2*time.Second, "time a simulated machine takes to provision")
 	fs.DurationVar(&o.sim.DeleteDelay, "delete-delay", time.Second, "time a simulated machine takes to go away")
 	fs.IntVar(&o.sim.Capacity, "capacity", 0, "most machines that can exist at once; 0 means unlimited")
@@ -207,7 +209,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-const usage = "cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default] [--replicas 3] [--version v1.35.2] [--provision-delay 2s] [--delete-delay 1s] [--capacity 0] [--failure-domains 0] [--workers 0] [--topology] [--class-versions V,V,...] [--mhc=true] [--without-kcp] [--clusters 1] [--inert-clusters 0] [--inert-machines 3] [-v]"
+const usage = "cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default] [--replicas 3] [--version v1.35.2] [--image sim-image-<version>] [--provision-delay 2s] [--delete-delay 1s] [--capacity 0] [--failure-domains 0] [--workers 0] [--topology] [--class-versions V,V,...] [--mhc=true] [--without-kcp] [--clusters 1] [--inert-clusters 0] [--inert-machines 3] [-v]"
 
 // startConcurrency is how many simulated clusters start at once: a start-up
 // keeps a core busy (an API server, its CRDs and etcd), and the machine this

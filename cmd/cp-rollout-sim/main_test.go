@@ -49,6 +49,10 @@ func TestBadUsageIsOneLineAndExitsTwo(t *testing.T) {
 		{"fault", "m1", "stale-learner"},
 		{"fault", "cluster/demo", "etcd-stopped"},
 		{"fault", "cluster/demo", "never-provision=maybe"},
+		{"fault", "m1", "certs-expire-in"},
+		{"fault", "m1", "certs-expire-in=on"},
+		{"fault", "m1", "certs-expire-in=10days"},
+		{"fault", "cluster/demo", "certs-expire-in=10d"},
 		{"fault", "node/m1", "etcd-stopped"},
 		{"fault", "machine/", "etcd-stopped"},
 		{"fault", "--wait", "-1s", "m1", "etcd-stopped"},
@@ -69,12 +73,12 @@ func TestBadUsageIsOneLineAndExitsTwo(t *testing.T) {
 
 func TestUpFlags(t *testing.T) {
 	o, err := parseUp([]string{"--kubeconfig-out", "k", "--cluster", "c", "--namespace", "ns", "--replicas", "5",
-		"--version", "v1.36.3", "--provision-delay", "3s", "--delete-delay", "2s", "--capacity", "6", "--failure-domains", "3", "--workers", "2", "--topology", "--class-versions", "v1.35.2,v1.36.3", "--mhc=false", "--without-kcp"})
+		"--version", "v1.36.3", "--image", "ubuntu-2404-kube-v1.36.3", "--provision-delay", "3s", "--delete-delay", "2s", "--capacity", "6", "--failure-domains", "3", "--workers", "2", "--topology", "--class-versions", "v1.35.2,v1.36.3", "--mhc=false", "--without-kcp"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := o.sim
-	if o.kubeconfigOut != "k" || s.ClusterName != "c" || s.Namespace != "ns" || s.Replicas != 5 || s.Version != "v1.36.3" ||
+	if o.kubeconfigOut != "k" || s.ClusterName != "c" || s.Namespace != "ns" || s.Replicas != 5 || s.Version != "v1.36.3" || s.Image != "ubuntu-2404-kube-v1.36.3" ||
 		s.ProvisionDelay != 3*time.Second || s.DeleteDelay != 2*time.Second || s.Capacity != 6 || s.FailureDomains != 3 || s.Workers != 2 || !s.Topology || strings.Join(s.ClassVersions, " ") != "v1.35.2 v1.36.3" || !s.WithoutMachineHealthCheck || !s.WithoutKCP {
 		t.Fatalf("parsed %+v", o)
 	}
@@ -82,7 +86,7 @@ func TestUpFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := o.sim; s.ClusterName != "demo" || s.Namespace != "default" || s.Replicas != 3 || s.Version != "v1.35.2" ||
+	if s := o.sim; s.ClusterName != "demo" || s.Namespace != "default" || s.Replicas != 3 || s.Version != "v1.35.2" || s.Image != "" ||
 		s.ProvisionDelay != 2*time.Second || s.DeleteDelay != time.Second || s.Capacity != 0 || s.FailureDomains != 0 || s.Workers != 0 || s.Topology || s.WithoutMachineHealthCheck || s.WithoutKCP {
 		t.Fatalf("defaults %+v", o)
 	}
@@ -125,20 +129,25 @@ func TestFaultArguments(t *testing.T) {
 		scope sim.FaultScope
 		name  string
 		fault string
+		value string
 		on    bool
 	}{
-		{[]string{"demo-abcde", "etcd-stopped"}, sim.MachineFault, "demo-abcde", "etcd-stopped", true},
-		{[]string{"machine/demo-abcde", "kube-apiserver-unready=off"}, sim.MachineFault, "demo-abcde", "kube-apiserver-unready", false},
-		{[]string{"machines/demo-abcde", "drain-blocked=on"}, sim.MachineFault, "demo-abcde", "drain-blocked", true},
-		{[]string{"cluster/demo", "stale-learner"}, sim.ClusterFault, "demo", "stale-learner", true},
-		{[]string{"-n", "ns", "--kubeconfig", "k", "--wait", "0", "cluster/demo", "never-provision=off"}, sim.ClusterFault, "demo", "never-provision", false},
+		{[]string{"demo-abcde", "etcd-stopped"}, sim.MachineFault, "demo-abcde", "etcd-stopped", "", true},
+		{[]string{"machine/demo-abcde", "kube-apiserver-unready=off"}, sim.MachineFault, "demo-abcde", "kube-apiserver-unready", "", false},
+		{[]string{"machines/demo-abcde", "drain-blocked=on"}, sim.MachineFault, "demo-abcde", "drain-blocked", "", true},
+		{[]string{"cluster/demo", "stale-learner"}, sim.ClusterFault, "demo", "stale-learner", "", true},
+		{[]string{"-n", "ns", "--kubeconfig", "k", "--wait", "0", "cluster/demo", "never-provision=off"}, sim.ClusterFault, "demo", "never-provision", "", false},
+		// A setting takes its value after =, and off removes it whatever its value.
+		{[]string{"demo-abcde", "certs-expire-in=10d"}, sim.MachineFault, "demo-abcde", "certs-expire-in", "10d", true},
+		{[]string{"demo-abcde", "certs-expire-in=36h"}, sim.MachineFault, "demo-abcde", "certs-expire-in", "36h", true},
+		{[]string{"demo-abcde", "certs-expire-in=off"}, sim.MachineFault, "demo-abcde", "certs-expire-in", "", false},
 	} {
 		o, err := parseFault(tc.args)
 		if err != nil {
 			t.Errorf("%q: %v", tc.args, err)
 			continue
 		}
-		if o.scope != tc.scope || o.name != tc.name || o.fault != tc.fault || o.on != tc.on {
+		if o.scope != tc.scope || o.name != tc.name || o.fault != tc.fault || o.value != tc.value || o.on != tc.on {
 			t.Errorf("%q: parsed %+v", tc.args, o)
 		}
 	}
@@ -148,22 +157,28 @@ func TestFaultArguments(t *testing.T) {
 	}
 }
 
-// The help lists every fault of the simulator's catalogue.
+// The help lists every fault of the simulator's catalogue, a setting with
+// the value it takes.
 func TestFaultHelpListsTheFaults(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if code := run([]string{"fault", "--help"}, &stdout, &stderr); code != exitOK || stderr.Len() != 0 {
 		t.Fatalf("exit %d, stderr %q", code, stderr.String())
 	}
 	for _, f := range sim.FaultCatalogue() {
-		if !strings.Contains(stdout.String(), "  "+f.Name+" ") {
-			t.Errorf("help does not list %s:\n%s", f.Name, stdout.String())
+		usage := f.Name
+		if f.Value != "" {
+			usage += "=" + f.Value
+		}
+		if !strings.Contains(stdout.String(), "  "+usage+" ") {
+			t.Errorf("help does not list %s:\n%s", usage, stdout.String())
 		}
 	}
 }
 
 // TestFaultCommand: the command writes the annotation kubectl would and
 // waits for the simulator to act on it; the node turns NotReady and Ready
-// again. A machine the cluster does not have is bad input.
+// again, a certificate expiry setting is applied, changed and removed. A
+// machine the cluster does not have is bad input.
 func TestFaultCommand(t *testing.T) {
 	t.Parallel()
 	env := simtest.Start(t, sim.Options{Replicas: 1})
@@ -192,6 +207,11 @@ func TestFaultCommand(t *testing.T) {
 	}{
 		{"node-not-ready", "machine/" + m + ": node-not-ready on, in effect (faults in effect: node-not-ready)", false},
 		{"node-not-ready=off", "machine/" + m + ": node-not-ready off, in effect (faults in effect: none)", true},
+		// A setting: its value is part of what is asked for and in effect,
+		// a new value replaces the old, and off removes it whatever its value.
+		{"certs-expire-in=10d", "machine/" + m + ": certs-expire-in=10d on, in effect (faults in effect: certs-expire-in=10d)", true},
+		{"certs-expire-in=3d", "machine/" + m + ": certs-expire-in=3d on, in effect (faults in effect: certs-expire-in=3d)", true},
+		{"certs-expire-in=off", "machine/" + m + ": certs-expire-in off, in effect (faults in effect: none)", true},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run([]string{"fault", "--kubeconfig", env.Kubeconfig, m, step.fault}, &stdout, &stderr); code != exitOK {

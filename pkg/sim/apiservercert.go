@@ -23,8 +23,10 @@ import (
 // server itself is envtest's and serves a certificate of its own CA.
 type apiServerCertServer struct {
 	addr string
-	ln   net.Listener
-	wg   sync.WaitGroup
+	// notAfter is the certificate's expiry as KCP reads it, to the second.
+	notAfter time.Time
+	ln       net.Listener
+	wg       sync.WaitGroup
 }
 
 func startAPIServerCertServer(ctx context.Context, c client.Client, cluster client.ObjectKey) (*apiServerCertServer, error) {
@@ -42,11 +44,15 @@ func startAPIServerCertServer(ctx context.Context, c client.Client, cluster clie
 	if err != nil {
 		return nil, err
 	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return nil, err
+	}
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	if err != nil {
 		return nil, err
 	}
-	s := &apiServerCertServer{addr: ln.Addr().String(), ln: ln}
+	s := &apiServerCertServer{addr: ln.Addr().String(), notAfter: leaf.NotAfter, ln: ln}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

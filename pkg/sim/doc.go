@@ -52,6 +52,14 @@
 // after Options.DeleteDelay, takes the host away when the InfraMachine is
 // deleted.
 //
+// The generic infrastructure provider's machines have one setting, the
+// machine image (spec.template.spec.image of a
+// GenericInfrastructureMachineTemplate, Options.Image for the initial ones,
+// CreateInfraTemplate for another to roll to): a machine's host boots the
+// image its InfraMachine names and its Node reports it as
+// status.nodeInfo.osImage, so a rollout to a new template shows on the
+// nodes.
+//
 // What stands in for something that does not run here:
 //   - the initial machines are created at once, while the KCP (on a topology
 //     cluster, the one the topology controller made) is still paused, with
@@ -61,7 +69,10 @@
 //     simulator also reports the KCP initialized, as KCP would;
 //   - KCP reads the kube-apiserver serving certificate's expiry through a
 //     port-forward to kube-apiserver-<node>:6443; a small TLS endpoint with a
-//     certificate signed by the cluster CA answers there.
+//     certificate signed by the cluster CA, valid a year, answers there for
+//     every node. A machine's expiry is made near with SetCertificatesExpiry
+//     or the certs-expire-in fault, which write KCP's record of it
+//     (certexpiry.go).
 //
 // Faults (faults.go) break the simulated hosts on demand: Go methods for
 // tests, and the same faults asked for through the management cluster with

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -118,7 +119,10 @@ func (fc *faultController) faults(obj client.Object, scope FaultScope) (want, ha
 
 // converge undoes the faults applied but no longer asked for, then applies
 // the new ones, recording each change as it is made: a failure leaves the
-// record true and is retried with the controller's back-off.
+// record true and is retried with the controller's back-off. A fault asked
+// for with a new value is applied over the old one, not undone first: the
+// undo of certs-expire-in would write a far expiry that KCP, running, could
+// act on in between.
 func (fc *faultController) converge(ctx context.Context, obj client.Object, want, have []string, do func(fault string, on bool) (string, error)) error {
 	applied := slices.Clone(have)
 	step := func(fault string, on bool) error {
@@ -131,10 +135,9 @@ func (fc *faultController) converge(ctx context.Context, obj client.Object, want
 			fc.events.Eventf(obj, nil, corev1.EventTypeWarning, "FaultFailed", action, "%s: %v", fault, err)
 			return fmt.Errorf("%s %s: %w", action, fault, err)
 		}
+		applied = slices.DeleteFunc(applied, func(f string) bool { return FaultName(f) == FaultName(fault) })
 		if on {
 			applied = append(applied, fault)
-		} else {
-			applied = slices.DeleteFunc(applied, func(f string) bool { return f == fault })
 		}
 		if err := fc.recordApplied(ctx, obj, applied); err != nil {
 			return err
@@ -143,7 +146,8 @@ func (fc *faultController) converge(ctx context.Context, obj client.Object, want
 		return nil
 	}
 	for _, f := range have {
-		if !slices.Contains(want, f) {
+		replaced := slices.ContainsFunc(want, func(w string) bool { return FaultName(w) == FaultName(f) })
+		if !replaced {
 			if err := step(f, false); err != nil {
 				return err
 			}
@@ -170,12 +174,14 @@ func (fc *faultController) recordApplied(ctx context.Context, obj client.Object,
 	return nil
 }
 
-// machineFault applies (on) or undoes one fault on the host of machine,
-// whose node is node, and says what it did.
-func (fc *faultController) machineFault(ctx context.Context, machine, node, fault string, on bool) (string, error) {
+// machineFault applies (on) or undoes one fault (an entry NAME or
+// NAME=VALUE) on the host of machine, whose node is node, and says what it
+// did.
+func (fc *faultController) machineFault(ctx context.Context, machine, node, entry string, on bool) (string, error) {
 	s := fc.s
 	var err error
 	var note string
+	fault, value, _ := strings.Cut(entry, "=")
 	switch component, isPod := staticPodFault(fault); {
 	case fault == FaultEtcdStopped && on:
 		err, note = s.StopMember(node), "etcd member of node "+node+" stopped"
@@ -199,6 +205,15 @@ func (fc *faultController) machineFault(ctx context.Context, machine, node, faul
 		note = fmt.Sprintf("pod and PodDisruptionBudget %s/drain-blocker-%s (0 disruptions allowed) on node %s", DrainBlockerNamespace, node, node)
 	case fault == FaultDrainBlocked:
 		err, note = s.UnblockDrain(ctx, machine), "drain blocker pod and PodDisruptionBudget deleted"
+	case fault == FaultCertsExpireIn && on:
+		// ParseFaults checked the value; now is when the fault applies.
+		in, _ := ParseExpiresIn(value)
+		expiry := time.Now().Add(in)
+		err = s.SetCertificatesExpiry(ctx, machine, expiry)
+		note = fmt.Sprintf("certificates expiry recorded on the KubeadmConfig: %s (in %s)", expiry.UTC().Format(time.RFC3339), value)
+	case fault == FaultCertsExpireIn:
+		err = s.ResetCertificatesExpiry(ctx, machine)
+		note = "certificates expiry recorded on the KubeadmConfig: " + s.APIServerCertificateExpiry().UTC().Format(time.RFC3339) + ", the served certificate's"
 	default:
 		return "", fmt.Errorf("no such machine fault %q", fault)
 	}

@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 )
 
 // Faults asked for through the management cluster, so that an operator
@@ -17,8 +20,9 @@ import (
 
 const (
 	// FaultAnnotation on a control-plane Machine or on the Cluster asks for
-	// faults: a comma-separated list of fault names (FaultCatalogue).
-	// Removing a name undoes that fault.
+	// faults: a comma-separated list of fault names (FaultCatalogue), each
+	// with =VALUE when the fault takes one (certs-expire-in=10d). Removing a
+	// name undoes that fault; changing a value applies the new one.
 	FaultAnnotation = "sim.cp-rollout.io/fault"
 	// FaultAppliedAnnotation is the simulator's record of the faults in
 	// effect on the object, in the same form: a fault asked for but not yet
@@ -38,8 +42,11 @@ const (
 
 // Fault names and describes one fault, for help texts and the README.
 type Fault struct {
-	Name   string
-	Scope  FaultScope
+	Name  string
+	Scope FaultScope
+	// Value names the value a fault takes (asked for as Name=VALUE), for a
+	// fault that is a setting rather than on or off; empty otherwise.
+	Value  string
 	Effect string
 	Undo   string
 }
@@ -52,6 +59,9 @@ const (
 	FaultDrainBlocked   = "drain-blocked"
 	FaultNeverProvision = "never-provision"
 	FaultStaleLearner   = "stale-learner"
+	// FaultCertsExpireIn=DURATION (ParseExpiresIn) makes KCP's record of a
+	// machine's certificate expiry say now+DURATION (certexpiry.go).
+	FaultCertsExpireIn = "certs-expire-in"
 
 	unreadySuffix = "-unready"
 )
@@ -78,6 +88,11 @@ func FaultCatalogue() []Fault {
 		Name: FaultDrainBlocked, Scope: MachineFault,
 		Effect: "a pod on the node behind a PodDisruptionBudget that allows no disruption: every eviction of it is refused (429)",
 		Undo:   "the pod and its budget are deleted",
+	}, Fault{
+		Name: FaultCertsExpireIn, Scope: MachineFault, Value: "DURATION",
+		Effect: "KCP's record of the machine's API server certificate expiry (annotation " + clusterv1.MachineCertificatesExpiryDateAnnotation +
+			" on its KubeadmConfig, which KCP does not overwrite) says now+DURATION (10d, 36h; 0 for expired), so spec.rollout.before.certificatesExpiryDays rolls it out",
+		Undo: "the record says the expiry of the certificate the node serves, as KCP records it",
 	}, Fault{
 		Name: FaultNeverProvision, Scope: ClusterFault,
 		Effect: "the next machine created never provisions (no host boots)",
@@ -113,25 +128,58 @@ func LookupFault(scope FaultScope, name string) (Fault, error) {
 	return Fault{}, fmt.Errorf("unknown %s fault %q (one of %s)", scope, name, strings.Join(names, ", "))
 }
 
-// ParseFaults reads an annotation value: the known faults of scope, sorted
-// and without duplicates, and an error naming every name it does not know
-// (a typo made with kubectl annotate is reported, the rest still applies).
+// ParseFault reads one entry of an annotation value, NAME or NAME=VALUE:
+// the fault of scope it names and its value, checked.
+func ParseFault(scope FaultScope, entry string) (Fault, string, error) {
+	name, value, hasValue := strings.Cut(entry, "=")
+	f, err := LookupFault(scope, name)
+	if err != nil {
+		return Fault{}, "", err
+	}
+	switch {
+	case f.Value == "" && hasValue:
+		return Fault{}, "", fmt.Errorf("fault %q takes no value, got %q", name, entry)
+	case f.Value != "" && !hasValue:
+		return Fault{}, "", fmt.Errorf("fault %q needs a value: %s=%s", name, name, f.Value)
+	case name == FaultCertsExpireIn:
+		if _, err := ParseExpiresIn(value); err != nil {
+			return Fault{}, "", fmt.Errorf("fault %s: %w", name, err)
+		}
+	}
+	return f, value, nil
+}
+
+// FaultName is the fault an entry of an annotation value names: the entry
+// without its =VALUE.
+func FaultName(entry string) string {
+	name, _, _ := strings.Cut(entry, "=")
+	return name
+}
+
+// ParseFaults reads an annotation value: the known faults of scope, as
+// entries NAME or NAME=VALUE sorted and without duplicates, and an error
+// naming every entry it cannot use (a typo made with kubectl annotate is
+// reported, the rest still applies). A fault given twice with different
+// values takes the last, as a later --overwrite would.
 func ParseFaults(scope FaultScope, value string) ([]string, error) {
-	var faults []string
+	byName := map[string]string{}
 	var errs []error
-	for name := range strings.SplitSeq(value, ",") {
-		name = strings.TrimSpace(name)
-		if name == "" {
+	for entry := range strings.SplitSeq(value, ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
 			continue
 		}
-		if _, err := LookupFault(scope, name); err != nil {
+		if _, _, err := ParseFault(scope, entry); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		faults = append(faults, name)
+		name := FaultName(entry)
+		if earlier, ok := byName[name]; ok && earlier != entry {
+			errs = append(errs, fmt.Errorf("fault %q given twice (%s, %s): %s applies", name, earlier, entry, entry))
+		}
+		byName[name] = entry
 	}
-	slices.Sort(faults)
-	return slices.Compact(faults), errors.Join(errs...)
+	return slices.Sorted(maps.Values(byName)), errors.Join(errs...)
 }
 
 // FormatFaults is the annotation value of a set of faults.
@@ -140,14 +188,15 @@ func FormatFaults(faults []string) string {
 	return strings.Join(slices.Compact(sorted), ",")
 }
 
-// WithFault is the annotation value with the fault set (on) or removed. The
-// names already there are kept as they are, unknown ones too: the value is
-// the user's, and only the fault named changes.
+// WithFault is the annotation value with fault (NAME or NAME=VALUE) set
+// (on) or, by its name, removed. The names already there are kept as they
+// are, unknown ones too: the value is the user's, and only the fault named
+// changes.
 func WithFault(value, fault string, on bool) string {
 	var names []string
-	for name := range strings.SplitSeq(value, ",") {
-		if name = strings.TrimSpace(name); name != "" && name != fault {
-			names = append(names, name)
+	for entry := range strings.SplitSeq(value, ",") {
+		if entry = strings.TrimSpace(entry); entry != "" && FaultName(entry) != FaultName(fault) {
+			names = append(names, entry)
 		}
 	}
 	if on {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
 )
@@ -27,6 +28,16 @@ func TestParseFaults(t *testing.T) {
 		{sim.MachineFault, "stale-learner", "", `"stale-learner" is a cluster fault, not a machine fault`},
 		{sim.ClusterFault, "etcd-stopped", "", `"etcd-stopped" is a machine fault, not a cluster fault`},
 		{sim.ClusterFault, "stale-learner,never-provision", "never-provision,stale-learner", ""},
+		// A setting carries its value; without one, or with a bad one, it is
+		// reported and left out, and a plain fault takes no value.
+		{sim.MachineFault, "node-not-ready,certs-expire-in=10d", "certs-expire-in=10d,node-not-ready", ""},
+		{sim.MachineFault, "certs-expire-in=36h,certs-expire-in=36h", "certs-expire-in=36h", ""},
+		{sim.MachineFault, "certs-expire-in", "", `fault "certs-expire-in" needs a value: certs-expire-in=DURATION`},
+		{sim.MachineFault, "certs-expire-in=soon,etcd-stopped", "etcd-stopped", `"soon": want whole days`},
+		{sim.MachineFault, "etcd-stopped=10d", "", `fault "etcd-stopped" takes no value`},
+		// Given twice, the last value applies, and the clash is reported.
+		{sim.MachineFault, "certs-expire-in=10d,certs-expire-in=3d", "certs-expire-in=3d", `given twice`},
+		{sim.ClusterFault, "certs-expire-in=10d", "", `"certs-expire-in" is a machine fault`},
 	} {
 		got, err := sim.ParseFaults(tc.scope, tc.value)
 		if sim.FormatFaults(got) != tc.want {
@@ -55,6 +66,9 @@ func TestWithFault(t *testing.T) {
 		{"", "etcd-stopped", false, ""},
 		// Someone else's unknown name stays: only the named fault changes.
 		{"custom-thing", "drain-blocked", true, "custom-thing,drain-blocked"},
+		// A setting's new value replaces the old; off removes it by name.
+		{"certs-expire-in=10d,etcd-stopped", "certs-expire-in=3d", true, "certs-expire-in=3d,etcd-stopped"},
+		{"certs-expire-in=10d,etcd-stopped", "certs-expire-in", false, "etcd-stopped"},
 	} {
 		if got := sim.WithFault(tc.value, tc.fault, tc.on); got != tc.want {
 			t.Errorf("WithFault(%q, %q, %t) = %q, want %q", tc.value, tc.fault, tc.on, got, tc.want)
@@ -83,7 +97,7 @@ func TestAnnotationPatch(t *testing.T) {
 func TestFaultCatalogue(t *testing.T) {
 	names := map[string]bool{}
 	for _, f := range sim.FaultCatalogue() {
-		if names[f.Name] || f.Effect == "" || f.Undo == "" || (f.Scope != sim.MachineFault && f.Scope != sim.ClusterFault) {
+		if names[f.Name] || f.Effect == "" || f.Undo == "" || (f.Scope != sim.MachineFault && f.Scope != sim.ClusterFault) || strings.ContainsAny(f.Name, "=,") {
 			t.Errorf("fault %+v: duplicate, or missing its scope, effect or undo", f)
 		}
 		names[f.Name] = true
@@ -91,6 +105,30 @@ func TestFaultCatalogue(t *testing.T) {
 	for _, c := range sim.Components {
 		if !names[c+"-unready"] {
 			t.Errorf("no %s-unready fault", c)
+		}
+	}
+}
+
+func TestParseExpiresIn(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  time.Duration
+		ok    bool
+	}{
+		{"10d", 240 * time.Hour, true},
+		{"0d", 0, true},
+		{"36h", 36 * time.Hour, true},
+		{"90m", 90 * time.Minute, true},
+		{"0", 0, true},
+		// Expired a day ago.
+		{"-1d", -24 * time.Hour, true},
+		{"1.5d", 0, false},
+		{"10days", 0, false},
+		{"", 0, false},
+	} {
+		got, err := sim.ParseExpiresIn(tc.value)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("ParseExpiresIn(%q) = %s, %v; want %s, ok %t", tc.value, got, err, tc.want, tc.ok)
 		}
 	}
 }

@@ -207,17 +207,34 @@ func (s *Sim) pausedKCP(ctx context.Context) (*controlplanev1.KubeadmControlPlan
 	return kcp, nil
 }
 
-// createInfraTemplate creates an empty template of the generic
-// infrastructure provider: its machines and clusters need no settings.
+// createInfraTemplate creates a template of the generic infrastructure
+// provider: a machine template carries the simulator's machine image
+// (Options.Image, see ImageField), a cluster template nothing.
 func (s *Sim) createInfraTemplate(ctx context.Context, kind, name string) error {
+	spec := map[string]any{}
+	if kind == builder.GenericInfrastructureMachineTemplateKind {
+		spec["image"] = s.opts.Image
+	}
+	return createInfraTemplate(ctx, s.mgmt, s.opts.Namespace, kind, name, spec)
+}
+
+// CreateInfraTemplate creates a GenericInfrastructureMachineTemplate name in
+// the Cluster's namespace whose machines boot image, as a user prepares the
+// template of a new machine image before pointing the KCP at it. A machine
+// cloned from it reports image as its Node's status.nodeInfo.osImage.
+func (s *Sim) CreateInfraTemplate(ctx context.Context, name, image string) error {
+	return createInfraTemplate(ctx, s.mgmt, s.opts.Namespace, builder.GenericInfrastructureMachineTemplateKind, name, map[string]any{"image": image})
+}
+
+func createInfraTemplate(ctx context.Context, c client.Client, namespace, kind, name string, spec map[string]any) error {
 	t := &unstructured.Unstructured{}
 	t.SetGroupVersionKind(builder.InfrastructureGroupVersion.WithKind(kind))
-	t.SetNamespace(s.opts.Namespace)
+	t.SetNamespace(namespace)
 	t.SetName(name)
-	if err := unstructured.SetNestedMap(t.Object, map[string]any{"spec": map[string]any{}}, "spec", "template"); err != nil {
+	if err := unstructured.SetNestedMap(t.Object, map[string]any{"spec": spec}, "spec", "template"); err != nil {
 		return err
 	}
-	if err := s.mgmt.Create(ctx, t); err != nil {
+	if err := c.Create(ctx, t); err != nil {
 		return fmt.Errorf("creating %s %s: %w", kind, name, err)
 	}
 	return nil

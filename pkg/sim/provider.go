@@ -348,6 +348,13 @@ func (p *provider) allocateIP() int {
 func (p *provider) provision(ctx context.Context, im *unstructured.Unstructured, machine *clusterv1.Machine, n *Node) error {
 	w := p.s.workload
 	version := machine.Spec.Version
+	// The host boots the image its InfraMachine names, as KCP or a
+	// MachineSet cloned it from the machine template: a new image reaches a
+	// node only through a new machine.
+	image := InfraMachineImage(im)
+	if image == "" {
+		image = noImage
+	}
 	// A worker (kubeadm join without --control-plane) runs no etcd member
 	// and no static pods, and its Node carries no control-plane role.
 	controlPlane := util.IsControlPlaneMachine(machine)
@@ -425,6 +432,7 @@ func (p *provider) provision(ctx context.Context, im *unstructured.Unstructured,
 		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(n.kubelet.Port())}},
 		NodeInfo: corev1.NodeSystemInfo{
 			KubeletVersion:          version,
+			OSImage:                 image,
 			OperatingSystem:         "linux",
 			Architecture:            "amd64",
 			ContainerRuntimeVersion: "containerd://2.0.0",
@@ -460,6 +468,9 @@ func (p *provider) provision(ctx context.Context, im *unstructured.Unstructured,
 	}, "status", "addresses"); err != nil {
 		return err
 	}
+	if err := unstructured.SetNestedField(im.Object, image, "status", "image"); err != nil {
+		return err
+	}
 	if err := p.c.Status().Patch(ctx, im, statusPatch); err != nil {
 		return fmt.Errorf("marking provisioned: %w", err)
 	}
@@ -468,6 +479,20 @@ func (p *provider) provision(ctx context.Context, im *unstructured.Unstructured,
 	p.mu.Unlock()
 	p.s.opts.Log.Info("simulated machine provisioned", "machine", machine.Name, "node", n.Name, "ip", n.IP)
 	return nil
+}
+
+// noImage is the OS image a host reports when its machine template names
+// none: a template written by hand without spec.template.spec.image.
+const noImage = "sim-image-none"
+
+// InfraMachineImage is the machine image an InfraMachine of the generic
+// infrastructure provider names in spec.image, cloned from its template's
+// spec.template.spec.image; "" when it names none. The simulated provider
+// boots the host from it and reports it in the InfraMachine's status.image
+// and the Node's status.nodeInfo.osImage.
+func InfraMachineImage(im *unstructured.Unstructured) string {
+	image, _, _ := unstructured.NestedString(im.Object, "spec", "image")
+	return image
 }
 
 // liftNotReadyTaint removes the node.kubernetes.io/not-ready taint the API

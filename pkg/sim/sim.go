@@ -39,6 +39,12 @@ type Options struct {
 	Replicas int32
 	// Version is the Kubernetes version of the KCP and its machines. Default "v1.35.2".
 	Version string
+	// Image is the machine image of the initial infrastructure machine
+	// templates (spec.template.spec.image of a
+	// GenericInfrastructureMachineTemplate; see InfraMachineImage), which a
+	// machine's Node reports as status.nodeInfo.osImage. Default
+	// "sim-image-<Version>".
+	Image string
 
 	// ProvisionDelay is how long the simulated infrastructure takes from an
 	// InfraMachine getting a capacity slot to it being provisioned.
@@ -120,6 +126,9 @@ func (o *Options) defaults() error {
 	}
 	if o.Version == "" {
 		o.Version = "v1.35.2"
+	}
+	if o.Image == "" {
+		o.Image = "sim-image-" + o.Version
 	}
 	if o.AddressPrefix == "" {
 		o.AddressPrefix = "127.0.0"

@@ -633,6 +633,19 @@ func TestFaults(t *testing.T) {
 // provisioning delay of the tests that hold it back.
 func createMachineAndWait(t *testing.T, s *sim.Sim) *clusterv1.Machine {
 	t.Helper()
+	created := createMachine(t, s)
+	time.Sleep(3 * time.Second)
+	m := &clusterv1.Machine{}
+	if err := s.ManagementClient().Get(context.Background(), client.ObjectKeyFromObject(created), m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// createMachine creates a control-plane machine from the KCP as it is now,
+// as the tool creates a replacement (and KCP would).
+func createMachine(t *testing.T, s *sim.Sim) *clusterv1.Machine {
+	t.Helper()
 	ctx := context.Background()
 	c := s.ManagementClient()
 	cluster := &clusterv1.Cluster{}
@@ -647,10 +660,5 @@ func createMachineAndWait(t *testing.T, s *sim.Sim) *clusterv1.Machine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second)
-	m := &clusterv1.Machine{}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(created), m); err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return created
 }
