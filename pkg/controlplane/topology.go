@@ -227,8 +227,8 @@ func (c *Client) CheckTemplate(ctx context.Context, kcp *controlplanev1.KubeadmC
 	_, err := external.GetObjectFromContractVersionedRef(ctx, c.c, ref, kcp.Namespace)
 	switch {
 	case apierrors.IsNotFound(err):
-		return exitcode.Usagef("--infrastructure-template: no %s %s in namespace %s (the KubeadmControlPlane's machines are %s from group %s)",
-			ref.Kind, ref.Name, kcp.Namespace, ref.Kind, ref.APIGroup)
+		return exitcode.Usagef("--infrastructure-template: no %s %s (group %s) in namespace %s; the new template must be of the kind and in the namespace of the KubeadmControlPlane's template today",
+			ref.Kind, ref.Name, ref.APIGroup, kcp.Namespace)
 	case err != nil:
 		return fmt.Errorf("reading %s %s/%s: %w", ref.Kind, kcp.Namespace, ref.Name, err)
 	}
