@@ -3,16 +3,19 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/sim"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
@@ -176,4 +179,62 @@ func awaitReplacementsHealthy(t *testing.T, ctx context.Context, e *env) {
 		}
 	}
 	t.Fatalf("the replacement never became healthy; last status:\n%s", last)
+}
+
+// What a failed run's pause holds back, and what handing back gives back:
+// while the KubeadmControlPlane stays paused mid-upgrade, Cluster API's
+// MachineSet preflight (ControlPlaneIsStable) creates no worker machine for
+// a scaled-up MachineDeployment; once the operator has fixed the fault and
+// run `handback`, KCP finishes the upgrade and the worker comes.
+func TestWorkersScaleAfterHandbackOfAFailedRun(t *testing.T) {
+	t.Parallel()
+	e := simtest.Start(t, sim.Options{Replicas: 3, Workers: 1, Version: from, ProvisionDelay: time.Second, DeleteDelay: 500 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	c := e.Sim.ManagementClient()
+
+	node := nonLeaderNode(t, ctx, e)
+	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json", "--unhealthy-grace", "3s")
+	run.Until(t, isAction("create", "done"))
+	if err := e.Sim.StopMember(node); err != nil {
+		t.Fatal(err)
+	}
+	if code := run.Wait(); code != 3 {
+		t.Fatalf("exit %d after member %s stopped, want 3", code, node)
+	}
+
+	mds := &clusterv1.MachineDeploymentList{}
+	if err := c.List(ctx, mds, client.InNamespace(e.Sim.ClusterKey().Namespace)); err != nil || len(mds.Items) != 1 {
+		t.Fatalf("MachineDeployments: %v, %d", err, len(mds.Items))
+	}
+	md := &mds.Items[0]
+	if err := c.Patch(ctx, md, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"replicas":2}}`))); err != nil {
+		t.Fatal(err)
+	}
+	workers := func() int {
+		ws, err := e.Sim.Workers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ws)
+	}
+	// Long enough for the MachineSet controller to have created the worker
+	// were it free to: machines of this simulator appear within a second.
+	time.Sleep(15 * time.Second)
+	if n := workers(); n != 1 {
+		t.Fatalf("%d worker machines while the control plane stays paused mid-upgrade, want 1 (held back by the MachineSet preflight)", n)
+	}
+
+	if err := e.Sim.RestartMember(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.Plugin(t, ctx, "handback", "demo"); r.Code != 0 {
+		t.Fatalf("handback: exit %d", r.Code)
+	}
+	simtest.Eventually(t, 10*time.Minute, "KCP finished the upgrade and the worker came", func(ctx context.Context) (bool, string, error) {
+		n := workers()
+		kcp := kcpOf(t, e)
+		v := kcp.Status.Versions
+		return n == 2 && len(v) == 1 && v[0].Version == to, fmt.Sprintf("%d workers, KCP at %v", n, v), nil
+	})
 }
