@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
@@ -255,13 +256,18 @@ func pauseKCP(t *testing.T, c client.Client, key client.ObjectKey) {
 // patchKCP changes the KCP's spec through its webhooks, as kubectl would.
 func patchKCP(t *testing.T, c client.Client, key client.ObjectKey, change func(*controlplanev1.KubeadmControlPlane)) {
 	t.Helper()
-	kcp := &controlplanev1.KubeadmControlPlane{}
-	if err := c.Get(context.Background(), key, kcp); err != nil {
-		t.Fatal(err)
-	}
-	patch := client.MergeFromWithOptions(kcp.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	change(kcp)
-	if err := c.Patch(context.Background(), kcp, patch); err != nil {
+	// The controllers write the KCP's status meanwhile: a conflict is read
+	// again and the change made anew, as kubectl edit would.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		kcp := &controlplanev1.KubeadmControlPlane{}
+		if err := c.Get(context.Background(), key, kcp); err != nil {
+			return err
+		}
+		patch := client.MergeFromWithOptions(kcp.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		change(kcp)
+		return c.Patch(context.Background(), kcp, patch)
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 }
