@@ -79,6 +79,7 @@ type ControlPlane interface {
 	// written it into the KCP, or topologyTimeout has passed).
 	SetTarget(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, version string, replicas *int32, topologyTimeout time.Duration) error
 	Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
+	Restore(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record) error
 	Complete(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	// MachineDeployments are the cluster's workers, which --wait-workers
 	// follows on a topology cluster.

@@ -72,6 +72,16 @@ type Target struct {
 	// Version, when set, is the Kubernetes version the KubeadmControlPlane
 	// must ask for: a run never finishes on a spec someone else changed.
 	Version string
+	// RolloutAfter, when set, is a restart's cut-off: machines created before
+	// it are replaced, as KCP's spec.rollout.after would have them, which the
+	// tool does not write (Git owns the spec). It is the restart record's
+	// start, so a resumed restart never replaces a machine it created.
+	RolloutAfter time.Time
+	// CertificatesExpiryDays, when positive, also replaces the machines whose
+	// certificates expire within that many days, as KCP's
+	// spec.rollout.before.certificatesExpiryDays would, which the tool does
+	// not write either.
+	CertificatesExpiryDays int32
 }
 
 // nodeName is the name of machine's node, or "" before it has one.

@@ -14,6 +14,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/yaml"
 
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
@@ -129,6 +130,8 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 	fmt.Fprintf(w, "CLUSTER\t%s/%s\n", st.Namespace, st.Cluster)
 	state := "active"
 	switch {
+	case cp.PausedByUs && st.Operation.Operation == controlplane.PauseOperation:
+		state = "paused by cp-rollout pause (" + st.Operation.Detail() + ")"
 	case cp.PausedByUs:
 		state = "paused by cp-rollout: " + st.Operation.String()
 	case cp.Paused:

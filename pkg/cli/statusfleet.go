@@ -150,6 +150,9 @@ func operation(rec *controlplane.Record) string {
 	if rec == nil {
 		return ""
 	}
+	if rec.Operation == controlplane.PauseOperation {
+		return rec.String()
+	}
 	return rec.Operation + " to " + rec.Target
 }
 
