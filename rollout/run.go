@@ -42,6 +42,9 @@ type Prepared struct {
 	// NothingToDo, when set, says why the control plane already matches the
 	// request: there is nothing to run.
 	NothingToDo string
+	// HandBackOnly, when set, says why a KubeadmControlPlane held by `pause`
+	// has nothing to roll: the run only takes the pause over and hands back.
+	HandBackOnly string
 }
 
 // Prepare reads the control plane and checks the request against it without
@@ -132,9 +135,14 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	p.Steps = outdated + max(delta, -delta) + int(t.Replicas)*(len(hops)-1-first)
 	// A KubeadmControlPlane held by `pause` with nothing to roll still runs:
 	// the run takes the pause over and hands it back, under the lock.
-	if rec == nil && outdated == 0 && delta == 0 && Deleting(s).Len() == 0 {
-		p.NothingToDo = r.Matched()
-		return p, nil
+	if outdated == 0 && delta == 0 && Deleting(s).Len() == 0 {
+		switch {
+		case rec == nil:
+			p.NothingToDo = r.Matched()
+			return p, nil
+		case !resuming:
+			p.HandBackOnly = r.Matched() + "; handing back the pause by " + rec.Detail()
+		}
 	}
 	// Refuse an unsafe control plane now, before the lock and the pause: a
 	// refusal then changes nothing.
@@ -284,6 +292,9 @@ func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 func (e *Engine) Run(ctx context.Context, p *Prepared) error {
 	return e.holding(ctx, func(ctx context.Context) error {
 		e.steps.total = p.Steps
+		if p.HandBackOnly != "" {
+			e.note("handback", p.HandBackOnly)
+		}
 		for i := p.FirstHop; i < len(p.Hops); i++ {
 			if err := e.runHop(ctx, p, i); err != nil {
 				return err

@@ -56,7 +56,8 @@ func (s *Snapshot) nodeNames() []string {
 
 // Target is what the control plane should become.
 type Target struct {
-	// Operation names the verb for records and messages: upgrade, scale, replace.
+	// Operation names the verb for records and messages: upgrade, scale,
+	// replace, rollout, restart.
 	Operation string
 	// Replicas is the number of control-plane machines wanted.
 	Replicas int32
