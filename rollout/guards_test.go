@@ -281,3 +281,23 @@ func TestBroken(t *testing.T) {
 		})
 	}
 }
+
+// A restart's cut-off is its own record's start, so a resumed restart keeps
+// it; to the second, as creation timestamps are, so that a replacement made
+// in the cut-off's second is never counted as created before it.
+func TestRestartCutoff(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 30, 700_000_000, time.UTC)
+	started := time.Date(2026, 1, 1, 11, 0, 5, 400_000_000, time.UTC)
+	for _, tc := range []struct {
+		rec  *controlplane.Record
+		want time.Time
+	}{
+		{nil, now.Truncate(time.Second)},
+		{&controlplane.Record{Operation: "restart", Started: started}, started.Truncate(time.Second)},
+		{&controlplane.Record{Operation: controlplane.PauseOperation, Started: started}, now.Truncate(time.Second)},
+	} {
+		if got := restartCutoff(tc.rec, now); !got.Equal(tc.want) {
+			t.Errorf("%v: cut-off %s, want %s", tc.rec, got, tc.want)
+		}
+	}
+}
