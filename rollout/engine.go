@@ -82,6 +82,7 @@ type ControlPlane interface {
 	// cannot be read: no machine could be made from it.
 	CheckTemplate(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
+	Restore(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record) error
 	Complete(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	// RecordFailure adds a failed run's reason to the record on kcp, as
 	// just read, while its pause stands.

@@ -2,11 +2,13 @@ package rollout
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"sort"
 	"strings"
 
 	"github.com/blang/semver/v4"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/utils/ptr"
 
@@ -39,16 +41,40 @@ func Deleting(s *Snapshot) collections.Machines {
 }
 
 // NeedingRollout returns the machines to replace: those KCP's own UpToDate
-// calls outdated, plus the condemned ones — never a deleting machine, which
-// is already going (counting it again is what made KCP create a second
-// replacement in CAPI issue 2915).
+// calls outdated, plus the condemned ones and those the target's own rollout
+// criteria make due (Due) — never a deleting machine, which is already going
+// (counting it again is what made KCP create a second replacement in CAPI
+// issue 2915).
 func NeedingRollout(s *Snapshot, t Target) collections.Machines {
 	outdated, _ := s.CP.MachinesNeedingRollout()
-	if condemned := Condemned(s, t); condemned.Len() > 0 {
+	extra := Condemned(s, t)
+	if due := Due(s, t); due.Len() > 0 {
+		extra = extra.DeepCopy()
+		extra.Insert(due.UnsortedList()...)
+	}
+	if extra.Len() > 0 {
 		outdated = outdated.DeepCopy()
-		outdated.Insert(condemned.UnsortedList()...)
+		outdated.Insert(extra.UnsortedList()...)
 	}
 	return outdated
+}
+
+// Due returns the machines the target's rollout criteria make due, with
+// KCP's own filters and the snapshot's fixed now: a restart's cut-off
+// (created before it, as spec.rollout.after) and certificates expiring within
+// the target's days (as spec.rollout.before). Those live in the target, not
+// in the KubeadmControlPlane's spec, which Git owns; so KCP's UpToDate does
+// not see them, and after the hand-back it finds the replacements up to
+// date. Never a deleting machine: it is already going.
+func Due(s *Snapshot, t Target) collections.Machines {
+	if t.RolloutAfter.IsZero() && t.CertificatesExpiryDays <= 0 {
+		return collections.New()
+	}
+	now := metav1.NewTime(s.Now)
+	return s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp), collections.Or(
+		collections.ShouldRolloutAfter(&now, metav1.NewTime(t.RolloutAfter)),
+		collections.ShouldRolloutBefore(&now, controlplanev1.KubeadmControlPlaneRolloutBeforeSpec{CertificatesExpiryDays: t.CertificatesExpiryDays}),
+	))
 }
 
 // Condemned returns the machines to replace before anything else, healthy or
@@ -540,8 +566,10 @@ func TargetUnchanged(s *Snapshot, t Target) error {
 }
 
 // CheckState refuses a request on a control plane this tool must not take
-// over (CheckTakeover), or that holds an unfinished operation of ours for a
-// different target.
+// over (CheckTakeover), that holds an unfinished operation of ours for a
+// different target, or, for a rollout, whose KCP is rolling out by itself
+// (KCPRollingOut). A KubeadmControlPlane held by `pause` is any verb's to
+// take over: that is what the pause was for.
 func CheckState(s *Snapshot, r Request) error {
 	if err := CheckTakeover(s); err != nil {
 		return err
@@ -550,11 +578,35 @@ func CheckState(s *Snapshot, r Request) error {
 	if err != nil {
 		return err
 	}
-	if rec != nil && (rec.Operation != r.Operation || rec.Target != r.TargetString()) {
+	if rec != nil && rec.Operation != controlplane.PauseOperation && (rec.Operation != r.Operation || rec.Target != r.TargetString()) {
 		return exitcode.Unsafef("KubeadmControlPlane %s holds an unfinished operation: %s; re-run that command to finish it, or `kubectl cp-rollout handback %s` to give control back to KCP",
 			s.CP.KCP.Name, rec, s.CP.Cluster.Name)
 	}
+	if r.Operation == "rollout" && rec == nil {
+		return KCPRollingOut(s)
+	}
 	return nil
+}
+
+// KCPRollingOut refuses a rollout of a KubeadmControlPlane that this tool has
+// not paused while KCP finds machines outdated: KCP has started (or is about
+// to start) its own rollout of that change, and taking over now would only
+// race it. The change should have been applied under `pause`.
+func KCPRollingOut(s *Snapshot) error {
+	outdated, _ := s.CP.MachinesNeedingRollout()
+	if outdated.Len() == 0 {
+		return nil
+	}
+	kcp := s.CP.KCP
+	says := "its RollingOut condition is not set yet"
+	if c := conditions.Get(kcp, controlplanev1.KubeadmControlPlaneRollingOutCondition); c != nil {
+		says = fmt.Sprintf("RollingOut=%s (%s)", c.Status, c.Reason)
+		if msg := strings.Join(strings.Fields(c.Message), " "); msg != "" {
+			says += ": " + msg
+		}
+	}
+	return exitcode.Unsafef("KCP's own rollout of KubeadmControlPlane %s is in progress (%s; outdated: %s): let it finish, or `kubectl cp-rollout pause %s` before changing the spec next time, then `kubectl cp-rollout rollout %s`",
+		kcp.Name, says, strings.Join(outdated.Names(), ", "), s.CP.Cluster.Name, s.CP.Cluster.Name)
 }
 
 // SupportedKCPMinor is the KCP controller minor this tool computes desired

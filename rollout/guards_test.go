@@ -2,14 +2,17 @@ package rollout
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -48,6 +51,43 @@ func TestCheckStateRefuses(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a pause record of another operation refuses the pause verb, naming it", func(t *testing.T) {
+		s := pausedByUs(world(machineSpec{}, machineSpec{}, machineSpec{}))
+		s.CP.KCP.Annotations[controlplane.RecordAnnotation] = `{"operation":"upgrade","target":"v1.36.3","who":"us"}`
+		err := CheckState(s, Request{Operation: controlplane.PauseOperation})
+		if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "upgrade to v1.36.3") || !strings.Contains(err.Error(), "handback") {
+			t.Fatalf("got exit %d %v; want exit 3 naming the upgrade and the way on", exitcode.Of(err), err)
+		}
+	})
+	t.Run("a KCP held by pause is every verb's to take over", func(t *testing.T) {
+		for _, r := range []Request{upgrade, {Operation: "scale", Replicas: ptr.To(int32(5))}, {Operation: "replace", Replace: "m1"},
+			{Operation: "rollout"}, {Operation: "rollout", CertificatesExpiryDays: 30}, {Operation: "restart"}, {Operation: controlplane.PauseOperation}} {
+			s := pausedByUs(world(machineSpec{outdated: true}, machineSpec{outdated: true}, machineSpec{}))
+			s.CP.KCP.Annotations[controlplane.RecordAnnotation] = `{"operation":"pause","target":"","who":"alice","reason":"audit flags"}`
+			if err := CheckState(s, r); err != nil {
+				t.Errorf("%s: %v", r.Operation, err)
+			}
+		}
+	})
+	t.Run("a rollout of a KCP that is rolling out by itself is refused, naming it", func(t *testing.T) {
+		s := world(machineSpec{outdated: true}, machineSpec{outdated: true}, machineSpec{})
+		s.CP.KCP.Status.Conditions = []metav1.Condition{{Type: controlplanev1.KubeadmControlPlaneRollingOutCondition, Status: metav1.ConditionTrue,
+			Reason: controlplanev1.KubeadmControlPlaneRollingOutReason, Message: "Rolling out 2 not up-to-date replicas"}}
+		err := CheckState(s, Request{Operation: "rollout"})
+		for _, says := range []string{"KCP's own rollout", "RollingOut=True (RollingOut): Rolling out 2 not up-to-date replicas", "outdated: m0, m1", "kubectl cp-rollout pause demo"} {
+			if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), says) {
+				t.Fatalf("got exit %d %v; want exit 3 saying %q", exitcode.Of(err), err, says)
+			}
+		}
+		if err := CheckState(world(machineSpec{}, machineSpec{}, machineSpec{}), Request{Operation: "rollout"}); err != nil {
+			t.Fatalf("nothing outdated: %v", err)
+		}
+		s.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true",
+			controlplane.RecordAnnotation: `{"operation":"rollout","target":"spec","who":"us"}`}
+		if err := CheckState(s, Request{Operation: "rollout"}); err != nil {
+			t.Fatalf("our own rollout resumes: %v", err)
+		}
+	})
 	t.Run("our own unfinished operation resumes", func(t *testing.T) {
 		s := pausedByUs(world(machineSpec{}, machineSpec{}, machineSpec{}))
 		s.CP.KCP.Annotations[controlplane.RecordAnnotation] = `{"operation":"upgrade","target":"v1.36.3","who":"us"}`
@@ -60,6 +100,37 @@ func TestCheckStateRefuses(t *testing.T) {
 // On a topology cluster the Cluster is where a change of target shows while
 // the KCP is paused mid-rollout: the topology controller holds it back from
 // the KCP.
+// Due is what the target's own criteria add to KCP's verdict; never a
+// deleting machine, and nothing without a criterion.
+func TestDue(t *testing.T) {
+	expiring := machineSpec{certsExpireIn: 24 * time.Hour}
+	s := world(machineSpec{}, expiring, machineSpec{outdated: true}, machineSpec{deleting: true, certsExpireIn: time.Hour})
+	for _, tc := range []struct {
+		t          Target
+		due, needs string
+	}{
+		{Target{}, "", "m2"},
+		{certificates(30), "m1", "m1,m2"},
+		{restart(90 * time.Second), "m0,m1", "m0,m1,m2"},
+		{restart(59 * time.Minute), "m0,m1,m2", "m0,m1,m2"},
+		// As spec.rollout.after: a cut-off not yet passed counts nothing.
+		{restart(time.Hour), "", "m2"},
+	} {
+		if got := strings.Join(sorted(Due(s, tc.t)), ","); got != tc.due {
+			t.Errorf("%+v: due %q, want %q", tc.t, got, tc.due)
+		}
+		if got := strings.Join(sorted(NeedingRollout(s, tc.t)), ","); got != tc.needs {
+			t.Errorf("%+v: needing rollout %q, want %q", tc.t, got, tc.needs)
+		}
+	}
+}
+
+func sorted(ms collections.Machines) []string {
+	names := ms.Names()
+	slices.Sort(names)
+	return names
+}
+
 func TestTargetUnchangedOnTopology(t *testing.T) {
 	target := Target{Operation: "upgrade", Version: "v1.36.3", Replicas: 3, MaxSurge: 1}
 	s := world(machineSpec{}, machineSpec{}, machineSpec{})
@@ -208,5 +279,25 @@ func TestBroken(t *testing.T) {
 				t.Fatalf("broken %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// A restart's cut-off is its own record's start, so a resumed restart keeps
+// it; to the second, as creation timestamps are, so that a replacement made
+// in the cut-off's second is never counted as created before it.
+func TestRestartCutoff(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 30, 700_000_000, time.UTC)
+	started := time.Date(2026, 1, 1, 11, 0, 5, 400_000_000, time.UTC)
+	for _, tc := range []struct {
+		rec  *controlplane.Record
+		want time.Time
+	}{
+		{nil, now.Truncate(time.Second)},
+		{&controlplane.Record{Operation: "restart", Started: started}, started.Truncate(time.Second)},
+		{&controlplane.Record{Operation: controlplane.PauseOperation, Started: started}, now.Truncate(time.Second)},
+	} {
+		if got := restartCutoff(tc.rec, now); !got.Equal(tc.want) {
+			t.Errorf("%v: cut-off %s, want %s", tc.rec, got, tc.want)
+		}
 	}
 }

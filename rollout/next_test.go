@@ -49,6 +49,9 @@ type machineSpec struct {
 	inPlace, updateHook bool
 	// mhc marks a machine a MachineHealthCheck condemned: OwnerRemediated=False.
 	mhc bool
+	// certsExpireIn, when set, is when the machine's certificates expire,
+	// from the snapshot's now (status.certificatesExpiryDate).
+	certsExpireIn time.Duration
 }
 
 func world(specs ...machineSpec) *Snapshot {
@@ -94,6 +97,9 @@ func world(specs ...machineSpec) *Snapshot {
 				reason = clusterv1.MachineDeletingWaitingForPreTerminateHookReason
 			}
 			m.Status.Conditions = []metav1.Condition{{Type: clusterv1.MachineDeletingCondition, Status: metav1.ConditionTrue, Reason: reason}}
+		}
+		if sp.certsExpireIn != 0 {
+			m.Status.CertificatesExpiryDate = metav1.NewTime(s.Now.Add(sp.certsExpireIn))
 		}
 		if sp.mhc {
 			conditions.Set(m, metav1.Condition{Type: clusterv1.MachineOwnerRemediatedCondition, Status: metav1.ConditionFalse, Reason: "WaitingForRemediation"})
@@ -218,6 +224,32 @@ func TestNext(t *testing.T) {
 			s: world(old, machineSpec{outdated: true, mhc: true}, old, cur), t: upgrade, action: Delete, machine: "m1"},
 		{name: "a machine a MachineHealthCheck condemned holds nothing up, though broken",
 			s: world(old, machineSpec{outdated: true, mhc: true, nodeDown: true}, old), t: surge0, action: Delete, machine: "m1"},
+		// The target's own criteria, which KCP's UpToDate does not see: a
+		// restart's cut-off (spec.rollout.after) and certificates expiring
+		// within N days (spec.rollout.before). The world's machines are
+		// created a minute apart from its base, an hour before now.
+		{name: "restart: machines created before the cut-off are replaced, surge first",
+			s: world(cur, cur, cur), t: restart(3 * time.Minute), action: Create},
+		{name: "restart: after the surge, the oldest machine created before the cut-off goes",
+			s: world(cur, cur, cur, cur), t: restart(150 * time.Second), action: Delete, machine: "m0"},
+		{name: "restart: with surge 0, the oldest created before the cut-off goes first",
+			s: world(cur, cur, cur), t: withSurge(restart(3*time.Minute), 0), action: Delete, machine: "m0"},
+		{name: "restart: machines created since the cut-off are done",
+			s: world(cur, cur, cur), t: restart(0), action: Done},
+		{name: "restart: a machine created before the cut-off but deleting is awaited, never counted",
+			s: world(cur, cur, cur, machineSpec{deleting: true, noHook: true}), t: restart(0), action: AwaitDeletion, machine: "m3"},
+		{name: "certificates expiring within the days are replaced, surge first",
+			s: world(cur, machineSpec{certsExpireIn: 10 * 24 * time.Hour}, cur), t: certificates(30), action: Create},
+		{name: "after the surge, the machine whose certificates expire goes, not the oldest",
+			s: world(cur, machineSpec{certsExpireIn: 10 * 24 * time.Hour}, cur, cur), t: certificates(30), action: Delete, machine: "m1"},
+		{name: "certificates expiring later than the days are left",
+			s: world(cur, machineSpec{certsExpireIn: 40 * 24 * time.Hour}, cur), t: certificates(30), action: Done},
+		{name: "certificates already expired are replaced",
+			s: world(cur, cur, machineSpec{certsExpireIn: -time.Hour}), t: withSurge(certificates(30), 0), action: Delete, machine: "m2"},
+		{name: "a machine without a known expiry is left",
+			s: world(cur, cur, cur), t: certificates(30), action: Done},
+		{name: "a deleting machine whose certificates expire is awaited, never counted",
+			s: world(cur, cur, cur, machineSpec{deleting: true, noHook: true, certsExpireIn: time.Hour}), t: certificates(30), action: AwaitDeletion, machine: "m3"},
 		{name: "a condemned machine that is deleting is awaited, not condemned again",
 			s: world(cur, machineSpec{deleting: true, unhealthy: true}, cur), t: Target{Replicas: 3, MaxSurge: 1, Replace: "m1"}, action: AwaitDeletion, machine: "m1"},
 	}
@@ -334,6 +366,23 @@ var (
 	staleLearner = etcd.Member{ID: 0x63, Learner: true}
 	staleDown    = etcd.Member{ID: 0x64, Name: "gone-node"}
 )
+
+// restart is a restart of 3 machines whose cut-off is after from the
+// world's base (when its first machine was created).
+func restart(after time.Duration) Target {
+	return Target{Operation: "restart", Replicas: 3, MaxSurge: 1, RolloutAfter: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(after)}
+}
+
+// certificates is a rollout of 3 machines that also replaces those whose
+// certificates expire within days.
+func certificates(days int32) Target {
+	return Target{Operation: "rollout", Replicas: 3, MaxSurge: 1, CertificatesExpiryDays: days}
+}
+
+func withSurge(t Target, surge int32) Target {
+	t.MaxSurge = surge
+	return t
+}
 
 func withMembers(s *Snapshot, members ...etcd.Member) *Snapshot {
 	s.Members = append(s.Members, members...)
@@ -513,5 +562,26 @@ func TestFailureDomainsStaySpread(t *testing.T) {
 				t.Fatalf("machines per failure domain after the plan: %v, want one in each", perDomain)
 			}
 		})
+	}
+}
+
+// A restart's plan replaces each machine once: the replacements it projects
+// are created after the cut-off, so they are never due themselves.
+func TestPlanRestartReplacesEachMachineOnce(t *testing.T) {
+	s := world(machineSpec{}, machineSpec{}, machineSpec{})
+	var deleted []string
+	creates := 0
+	for _, step := range Plan(context.Background(), s, restart(3*time.Minute)) {
+		switch step.Action {
+		case Create:
+			creates++
+		case Delete:
+			deleted = append(deleted, step.Machine.Name)
+		case Refuse:
+			t.Fatalf("refused: %s", step.Reason)
+		}
+	}
+	if creates != 3 || strings.Join(deleted, ",") != "m0,m1,m2" {
+		t.Fatalf("%d created, deleted %v; want 3 created and m0, m1, m2 deleted", creates, deleted)
 	}
 }

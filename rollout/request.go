@@ -35,6 +35,10 @@ type Request struct {
 	// Via lists the versions an upgrade passes through before Version, in
 	// order, one rollout each (see Hops).
 	Via []string
+	// CertificatesExpiryDays, when positive, also replaces the machines
+	// whose certificates expire within that many days, as KCP's
+	// spec.rollout.before.certificatesExpiryDays would, without writing it.
+	CertificatesExpiryDays int32
 }
 
 // TargetString is the request's target for records and messages.
@@ -55,7 +59,34 @@ func (r Request) TargetString() string {
 	if r.Replace != "" {
 		parts = append(parts, "machine="+r.Replace)
 	}
+	// rollout and restart change no spec: what they replace is their target.
+	switch r.Operation {
+	case "rollout":
+		parts = append(parts, "spec")
+	case "restart":
+		parts = append(parts, "every machine")
+	}
+	// In the record, so a resumed run finds the same criterion.
+	if r.CertificatesExpiryDays > 0 {
+		parts = append(parts, fmt.Sprintf("certificates-expiring-within=%dd", r.CertificatesExpiryDays))
+	}
 	return strings.Join(parts, ",")
+}
+
+// Matched says, for a control plane with nothing to replace, what it already
+// matches.
+func (r Request) Matched() string {
+	switch r.Operation {
+	case "rollout":
+		m := "nothing to do: no machine is outdated against the KubeadmControlPlane's spec"
+		if r.CertificatesExpiryDays > 0 {
+			m += fmt.Sprintf(" or has certificates expiring within %d days", r.CertificatesExpiryDays)
+		}
+		return m
+	case "restart":
+		return "nothing to do: every machine was created since the restart began"
+	}
+	return "nothing to do: the control plane already matches " + r.TargetString()
 }
 
 // ParseVersion accepts a Kubernetes version as KCP does, but insists on the
@@ -143,7 +174,8 @@ func TargetFor(kcp *controlplanev1.KubeadmControlPlane, r Request) Target {
 	if r.MaxSurge < 0 {
 		r.MaxSurge = KCPMaxSurge(kcp)
 	}
-	t := Target{Operation: r.Operation, Replicas: ptr.Deref(kcp.Spec.Replicas, 1), MaxSurge: r.MaxSurge, Replace: r.Replace, Version: kcp.Spec.Version}
+	t := Target{Operation: r.Operation, Replicas: ptr.Deref(kcp.Spec.Replicas, 1), MaxSurge: r.MaxSurge, Replace: r.Replace, Version: kcp.Spec.Version,
+		CertificatesExpiryDays: r.CertificatesExpiryDays}
 	if r.Template != "" {
 		t.Template = kcp.Spec.MachineTemplate.Spec.InfrastructureRef.Name
 	}

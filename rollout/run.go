@@ -41,6 +41,9 @@ type Prepared struct {
 	// NothingToDo, when set, says why the control plane already matches the
 	// request: there is nothing to run.
 	NothingToDo string
+	// HandBackOnly, when set, says why a KubeadmControlPlane held by `pause`
+	// has nothing to roll: the run only takes the pause over and hands back.
+	HandBackOnly string
 }
 
 // Prepare reads the control plane and checks the request against it without
@@ -115,7 +118,12 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	future := *s
 	future.CP = projected
 	t := TargetFor(want, hop)
-	if broken := Broken(&future, t, rec != nil); broken.Len() > 0 {
+	if r.Operation == "restart" {
+		t.RolloutAfter = restartCutoff(rec, s.Now)
+	}
+	// A `pause` record is no run of ours to resume: it only holds KCP back.
+	resuming := rec != nil && rec.Operation != controlplane.PauseOperation
+	if broken := Broken(&future, t, resuming); broken.Len() > 0 {
 		if !r.ReplaceUnhealthy {
 			if lock := e.lockedByAnotherRun(ctx); lock != nil {
 				return nil, lock // a run in flight explains it (see CheckState above)
@@ -129,9 +137,16 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	delta := int(t.Replicas) - s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)).Len()
 	// Every later hop replaces every machine.
 	p.Steps = outdated + max(delta, -delta) + int(t.Replicas)*(len(hops)-1-first)
-	if rec == nil && outdated == 0 && delta == 0 && Deleting(s).Len() == 0 {
-		p.NothingToDo = "nothing to do: the control plane already matches " + r.TargetString()
-		return p, nil
+	// A KubeadmControlPlane held by `pause` with nothing to roll still runs:
+	// the run takes the pause over and hands it back, under the lock.
+	if outdated == 0 && delta == 0 && Deleting(s).Len() == 0 {
+		switch {
+		case rec == nil:
+			p.NothingToDo = r.Matched()
+			return p, nil
+		case !resuming:
+			p.HandBackOnly = r.Matched() + "; handing back the pause by " + rec.Detail()
+		}
 	}
 	// Refuse an unsafe control plane now, before the lock and the pause: a
 	// refusal then changes nothing.
@@ -190,6 +205,18 @@ func skipsMinor(from, to string) bool {
 	f, errF := semver.ParseTolerant(from)
 	t, errT := semver.ParseTolerant(to)
 	return errF == nil && errT == nil && (t.Major != f.Major || t.Minor > f.Minor+1)
+}
+
+// restartCutoff is a restart's RolloutAfter: its record's start when rec is
+// a restart's (a resumed run keeps its cut-off), else now, the start of one
+// about to be recorded. It is truncated to the second, the precision of a
+// Machine's creationTimestamp: a replacement created within the cut-off's
+// second must not count as created before it.
+func restartCutoff(rec *controlplane.Record, now time.Time) time.Time {
+	if rec != nil && rec.Operation == "restart" {
+		now = rec.Started
+	}
+	return now.Truncate(time.Second)
 }
 
 // lockedByAnotherRun names the live run holding the cluster's Lease, nil when
@@ -254,6 +281,9 @@ func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 func (e *Engine) Run(ctx context.Context, p *Prepared) error {
 	return e.holding(ctx, func(ctx context.Context) error {
 		e.steps.total = p.Steps
+		if p.HandBackOnly != "" {
+			e.note("handback", p.HandBackOnly)
+		}
 		for i := p.FirstHop; i < len(p.Hops); i++ {
 			if err := e.runHop(ctx, p, i); err != nil {
 				return err
@@ -320,6 +350,15 @@ func (e *Engine) runHop(ctx context.Context, p *Prepared, i int) error {
 		r.Version = hop
 		t = TargetFor(live.KCP, r)
 	}
+	if t.Operation == "restart" {
+		// The record now on the KubeadmControlPlane is this restart's, set
+		// by the pause or left by an interrupted run: its start is the cut-off.
+		rec, err := controlplane.RecordOf(live.KCP)
+		if err != nil {
+			return err
+		}
+		t.RolloutAfter = restartCutoff(rec, time.Now())
+	}
 	if err := e.Converge(ctx, t); err != nil {
 		return err
 	}
@@ -364,10 +403,17 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 	if err != nil {
 		return nil, err
 	}
+	// A KubeadmControlPlane held by `pause` is taken over: this run's record
+	// replaces the pause's, and the hand-back at the end is this run's.
+	var held *controlplane.Record
+	if rec != nil && rec.Operation == controlplane.PauseOperation {
+		held, rec = rec, nil
+	}
 	pausedNow := rec == nil
 	if pausedNow {
 		// The target is set on the KubeadmControlPlane the pause read last.
-		if kcp, err = e.pause(ctx, cluster, kcp, r); err != nil {
+		mine := controlplane.Record{Operation: r.Operation, Target: r.TargetString(), Who: controlplane.Who(), Started: time.Now().UTC()}
+		if kcp, err = e.pause(ctx, cluster, kcp, mine, held); err != nil {
 			return nil, err
 		}
 	} else {
@@ -377,7 +423,7 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 		}
 	}
 	if err := e.ControlPlane.SetTarget(ctx, cluster, kcp, version, r.Template, r.Replicas, e.Timeouts.topology()); err != nil {
-		return nil, e.targetRejected(ctx, kcp, pausedNow, err)
+		return nil, e.targetRejected(ctx, kcp, pausedNow, held, err)
 	}
 	live, err := e.ControlPlane.Read(ctx)
 	if err != nil {
@@ -403,14 +449,21 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 // rejects the target is bad input: nothing has changed yet, so a pause this
 // run set is handed back at once and the server's reason is the one line the
 // user sees (exit 2). Any other failure leaves the pause and record for a
-// re-run, as every interruption does.
-func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, pausedNow bool, err error) error {
+// re-run, as every interruption does. A `pause` this run took over (held)
+// is put back as it was, not handed back.
+func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, pausedNow bool, held *controlplane.Record, err error) error {
 	if !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) {
 		return err
 	}
 	if pausedNow {
 		cleanupCtx, cancel := cleanupContext(ctx)
 		defer cancel()
+		if held != nil {
+			if rerr := e.ControlPlane.Restore(cleanupCtx, kcp, *held); rerr != nil {
+				return fmt.Errorf("the API server rejected the target (%v), and restoring the pause of KubeadmControlPlane %s failed: %w", err, kcp.Name, rerr)
+			}
+			return exitcode.Usagef("the API server rejected the target: %v; KubeadmControlPlane %s stays paused by cp-rollout pause", err, kcp.Name)
+		}
 		if rerr := e.ControlPlane.Resume(cleanupCtx, kcp); rerr != nil {
 			return fmt.Errorf("the API server rejected the target (%v), and handing KubeadmControlPlane %s back failed: %w", err, kcp.Name, rerr)
 		}
@@ -419,20 +472,29 @@ func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.Kubeadm
 	return exitcode.Usagef("the API server rejected the target: %v", err)
 }
 
-// pause pauses the KubeadmControlPlane with this run's record and waits until
-// KCP reports it paused; it returns the KubeadmControlPlane as last read. A
-// pause that is then found unsafe to keep (a remediation KCP started just
-// before) is handed back at once.
-func (e *Engine) pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, r Request) (_ *controlplanev1.KubeadmControlPlane, err error) {
-	st := e.begin("pause", "", "pausing KubeadmControlPlane "+kcp.Name)
+// pause pauses the KubeadmControlPlane with rec and waits until KCP reports
+// it paused; it returns the KubeadmControlPlane as last read. held is the
+// record of a `pause` that rec takes over, nil for a KubeadmControlPlane
+// that was not paused. A pause that is then found unsafe to keep (a
+// remediation KCP started just before) is handed back at once — or, when it
+// was held by `pause`, left held as it was.
+func (e *Engine) pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record, held *controlplane.Record) (_ *controlplanev1.KubeadmControlPlane, err error) {
+	what := "pausing KubeadmControlPlane " + kcp.Name
+	if held != nil {
+		what = "taking over KubeadmControlPlane " + kcp.Name + ", held by cp-rollout pause (" + held.Detail() + ")"
+	}
+	st := e.begin("pause", "", what)
 	defer st.end(&err)
-	rec := controlplane.Record{Operation: r.Operation, Target: r.TargetString(), Who: controlplane.Who(), Started: time.Now().UTC()}
 	kcp, err = e.ControlPlane.Pause(ctx, cluster, kcp, rec, e.Timeouts.pause(), takeoverCheck)
 	if err != nil {
 		if kcp != nil {
 			cleanupCtx, cancelCleanup := cleanupContext(ctx)
 			defer cancelCleanup()
-			_ = e.ControlPlane.Resume(cleanupCtx, kcp)
+			if held != nil {
+				_ = e.ControlPlane.Restore(cleanupCtx, kcp, *held)
+			} else {
+				_ = e.ControlPlane.Resume(cleanupCtx, kcp)
+			}
 		}
 		return nil, err
 	}

@@ -56,7 +56,8 @@ func (s *Snapshot) nodeNames() []string {
 
 // Target is what the control plane should become.
 type Target struct {
-	// Operation names the verb for records and messages: upgrade, scale, replace.
+	// Operation names the verb for records and messages: upgrade, scale,
+	// replace, rollout, restart.
 	Operation string
 	// Replicas is the number of control-plane machines wanted.
 	Replicas int32
@@ -75,6 +76,16 @@ type Target struct {
 	// Template, when set, is the InfraMachineTemplate the KubeadmControlPlane
 	// must point at, for the same reason.
 	Template string
+	// RolloutAfter, when set, is a restart's cut-off: machines created before
+	// it are replaced, as KCP's spec.rollout.after would have them, which the
+	// tool does not write (Git owns the spec). It is the restart record's
+	// start, so a resumed restart never replaces a machine it created.
+	RolloutAfter time.Time
+	// CertificatesExpiryDays, when positive, also replaces the machines whose
+	// certificates expire within that many days, as KCP's
+	// spec.rollout.before.certificatesExpiryDays would, which the tool does
+	// not write either.
+	CertificatesExpiryDays int32
 }
 
 // nodeName is the name of machine's node, or "" before it has one.

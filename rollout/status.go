@@ -55,14 +55,17 @@ type ControlPlaneStatus struct {
 	State string `json:"state"`
 }
 
-// PauseState is a control plane's State: active, paused by someone else, or
-// paused by this tool under rec, with its last failure if it has one.
+// PauseState is a control plane's State: active, paused by someone else,
+// paused by `pause` (who, since, why), or paused by this tool under rec, with
+// its last failure if it has one.
 func PauseState(paused bool, rec *controlplane.Record) string {
 	switch {
 	case !paused:
 		return "active"
 	case rec == nil:
 		return "paused by someone else"
+	case rec.Operation == controlplane.PauseOperation:
+		return "paused by cp-rollout pause (" + rec.Detail() + ")"
 	}
 	state := "paused by cp-rollout since " + rec.Started.UTC().Format(time.RFC3339)
 	if f := rec.LastFailure; f != nil {

@@ -225,6 +225,13 @@ func handbackUse(reporter progress.Reporter, warnings io.Writer) engineUse {
 	return engineUse{timeouts: rollout.DefaultTimeouts, reporter: reporter, warnings: warnings, handback: true}
 }
 
+// pauseUse is for pause, which, as handback, takes the Lease and makes one
+// write to the KubeadmControlPlane; it needs neither the workload cluster
+// nor etcd, so one that cannot be reached is only a warning.
+func pauseUse(reporter progress.Reporter, warnings io.Writer) engineUse {
+	return handbackUse(reporter, warnings)
+}
+
 // readOnly is for plan and every --dry-run, which change nothing: they warn
 // of what they may not read on the management cluster, and refuse without
 // the workload cluster, as their steps depend on its etcd's health.

@@ -45,6 +45,7 @@ type resolved struct {
 	Cluster, Namespace, EtcdEndpoint, KCPVersion string
 	Operation, Version, Replace                  string
 	Replicas                                     string // "" when not asked for
+	CertificatesExpiryDays                       int32
 	MaxSurge                                     int32
 	Output                                       string
 	OnFailure                                    string // the change verbs'
@@ -57,7 +58,7 @@ func resolvedRequest(r result, o *requestOptions) resolved {
 	v := resolved{
 		Cluster: o.Cluster, Namespace: r.opts.ConfigFlags.Namespace(), EtcdEndpoint: o.EtcdEndpoint, KCPVersion: o.KCPVersion,
 		Operation: o.Request.Operation, Version: o.Request.Version, Replace: o.Request.Replace,
-		MaxSurge: o.Request.MaxSurge, Output: o.Output,
+		MaxSurge: o.Request.MaxSurge, Output: o.Output, CertificatesExpiryDays: o.Request.CertificatesExpiryDays,
 	}
 	if o.Request.Replicas != nil {
 		v.Replicas = fmt.Sprint(*o.Request.Replicas)
@@ -186,6 +187,68 @@ func TestReplaceOptions(t *testing.T) {
 	})
 }
 
+func TestRolloutOptions(t *testing.T) {
+	base := requestDefaults("rollout")
+	base.OnFailure = "stay"
+	checkOptions(t, "rollout", NewCmdRollout, func(r result, o *RolloutOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
+		{name: "spec", args: []string{"demo"}},
+		{name: "certificates in days", args: []string{"demo", "--certificates-expiring-within", "30d"},
+			want: func(v *resolved) { v.CertificatesExpiryDays = 30 }},
+		{name: "certificates as a duration", args: []string{"demo", "--certificates-expiring-within", "336h"},
+			want: func(v *resolved) { v.CertificatesExpiryDays = 14 }},
+		{name: "every flag", args: append([]string{"demo"}, allRunFlags...), want: withAllRunFlags},
+	})
+}
+
+func TestRestartOptions(t *testing.T) {
+	base := requestDefaults("restart")
+	base.OnFailure = "stay"
+	checkOptions(t, "restart", NewCmdRestart, func(r result, o *RestartOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
+		{name: "defaults", args: []string{"demo"}},
+		{name: "every flag", args: append([]string{"demo"}, allRunFlags...), want: withAllRunFlags},
+	})
+}
+
+func TestPauseOptions(t *testing.T) {
+	for _, tc := range []struct {
+		args   []string
+		reason string
+	}{
+		{[]string{"demo"}, ""},
+		{[]string{"demo", "--reason", "CHG-1234: audit flags"}, "CHG-1234: audit flags"},
+	} {
+		isolate(t)
+		o, r := parse(t, NewCmdPause, append([]string{"pause"}, tc.args...)...)
+		if o == nil {
+			t.Fatalf("%v: did not reach Run: %v", tc.args, r.err)
+		}
+		if o.Cluster != "demo" || o.Reason != tc.reason || o.Management != r.opts.ConfigFlags {
+			t.Errorf("%v: cluster %q, reason %q, management from the root's flags %v", tc.args, o.Cluster, o.Reason, o.Management == r.opts.ConfigFlags)
+		}
+	}
+}
+
+func TestParseDays(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		days int32
+		says string
+	}{
+		{"30d", 30, ""}, {"1d", 1, ""}, {"720h", 30, ""}, {"24h0m0s", 1, ""},
+		{"0d", 0, "must be positive"}, {"-3d", 0, "must be positive"}, {"-24h", 0, "must be positive"},
+		{"36h", 0, "whole number of days"}, {"1.5d", 0, "whole number of days"},
+		{"xd", 0, "not a number of days"}, {"soon", 0, "not a duration"}, {"30", 0, "not a duration"},
+	} {
+		days, err := parseDays("certificates-expiring-within", tc.in)
+		switch {
+		case tc.says == "" && (err != nil || days != tc.days):
+			t.Errorf("%q: %d, %v; want %d", tc.in, days, err, tc.days)
+		case tc.says != "" && (err == nil || !strings.Contains(err.Error(), tc.says) || exitcode.Of(err) != exitcode.Usage):
+			t.Errorf("%q: %v; want a usage error saying %q", tc.in, err, tc.says)
+		}
+	}
+}
+
 func TestPlanOptions(t *testing.T) {
 	base := requestDefaults("upgrade")
 	base.Version = "v1.36.3"
@@ -201,6 +264,12 @@ func TestPlanOptions(t *testing.T) {
 			want: func(v *resolved) { v.Operation, v.Version, v.Replicas, v.Output = "scale", "", "5", "json" }},
 		{name: "replace", args: []string{"demo", "--replace", "demo-cp-x2k9", "--max-surge", "0"},
 			want: func(v *resolved) { v.Operation, v.Version, v.Replace, v.MaxSurge = "replace", "", "demo-cp-x2k9", 0 }},
+		{name: "rollout", args: []string{"demo", "--rollout"},
+			want: func(v *resolved) { v.Operation, v.Version = "rollout", "" }},
+		{name: "rollout with certificates", args: []string{"demo", "--rollout", "--certificates-expiring-within", "14d"},
+			want: func(v *resolved) { v.Operation, v.Version, v.CertificatesExpiryDays = "rollout", "", 14 }},
+		{name: "restart", args: []string{"demo", "--restart"},
+			want: func(v *resolved) { v.Operation, v.Version = "restart", "" }},
 		{name: "exit code and etcd endpoint", args: []string{"demo", "--version", "v1.36.3", "--exit-code", "--etcd-endpoint", "https://{{.NodeName}}:2379"},
 			want: func(v *resolved) { v.ExitCode, v.EtcdEndpoint = true, "https://{{.NodeName}}:2379" }},
 		// A changing verb's command line works with its verb swapped for plan.
@@ -287,7 +356,17 @@ func TestBadInputRefusedBeforeAnyCluster(t *testing.T) {
 		{[]string{"scale", "demo", "--replicas", "1", "--max-surge", "0"}, 2, "--max-surge 0 needs at least 3"},
 		{[]string{"replace", "demo"}, 2, "two arguments"},
 		{[]string{"plan", "demo", "--version", to, "--replicas", "3"}, 2, "not several"},
-		{[]string{"plan", "demo"}, 2, "needs one of --version, --replicas or --replace"},
+		{[]string{"plan", "demo"}, 2, "needs one of --version, --replicas, --replace, --rollout or --restart"},
+		{[]string{"plan", "demo", "--rollout", "--restart"}, 2, "not several"},
+		{[]string{"plan", "demo", "--certificates-expiring-within", "30d"}, 2, "needs --rollout"},
+		{[]string{"plan", "demo", "--rollout", "--certificates-expiring-within", "36h"}, 2, "whole number of days"},
+		{[]string{"rollout", "demo", "--certificates-expiring-within", "0d"}, 2, "must be positive"},
+		{[]string{"rollout", "demo", "--certificates-expiring-within", "soon"}, 2, "not a duration"},
+		{[]string{"rollout", "demo", "--version", to}, 2, "unknown flag: --version"},
+		{[]string{"restart", "demo", "--certificates-expiring-within", "30d"}, 2, "unknown flag: --certificates-expiring-within"},
+		{[]string{"restart", "demo", "demo2"}, 2, "one CLUSTER name"},
+		{[]string{"pause"}, 2, "one argument"},
+		{[]string{"pause", "demo", "--version", to}, 2, "unknown flag: --version"},
 		{[]string{"upgrade", "demo", "--version", to, "--context", "no-such-context"}, 2, "no-such-context"},
 		{[]string{"upgrade", "demo", "--version", to, "--kcp-version", "v1.13.2"}, 3, "supports v1.14.x"},
 		{[]string{"upgrade", "demo", "--version", to, "--config", badConfig}, 2, "line 2"},

@@ -130,13 +130,16 @@ type PlanOptions struct {
 	// ExitCode makes pending steps exit PendingExitCode, for scripts.
 	ExitCode bool
 
-	// What the --version, --replicas and --replace flags hold; Complete
-	// turns the one given into the request.
+	// What the --version, --replicas, --replace, --rollout and --restart
+	// flags hold; Complete turns the one given into the request.
 	version  string
 	via      []string
 	replicas int32
 	replace  string
-	targets  int // how many of those flags were given
+	rollout  bool
+	restart  bool
+	expiring string // --certificates-expiring-within, with --rollout
+	targets  int    // how many of those flags were given
 	// The run flags of the changing verbs are accepted so a command line
 	// can swap its verb for plan, and checked, but a plan waits for nothing.
 	ignored waitLimits
@@ -153,16 +156,17 @@ func NewCmdPlan(root *RootOptions, runF func(*PlanOptions) error) *cobra.Command
 	o := NewPlanOptions(root.Streams)
 	o.Management = root.ConfigFlags
 	cmd := &cobra.Command{
-		Use:   "plan (CLUSTER | -l SELECTOR | -A) (--version V | --replicas N | --replace MACHINE)",
-		Short: "Show the steps an upgrade, scale or replace would take, changing nothing",
-		Long: `Show, in order, the steps that upgrade, scale or replace would take on CLUSTER
-now, each with its reason, as the rollout loop itself would decide them. Nothing
-is changed and no lock is taken. upgrade, scale and replace with --dry-run print
-the same plan. With -l/-A, each matching cluster's plan is printed in turn.
+		Use:   "plan (CLUSTER | -l SELECTOR | -A) (--version V | --replicas N | --replace MACHINE | --rollout | --restart)",
+		Short: "Show the steps an upgrade, scale, replace, rollout or restart would take, changing nothing",
+		Long: `Show, in order, the steps that upgrade, scale, replace, rollout or restart would
+take on CLUSTER now, each with its reason, as the rollout loop itself would
+decide them. Nothing is changed and no lock is taken. Those verbs with --dry-run
+print the same plan. With -l/-A, each matching cluster's plan is printed in turn.
 A plan depends on etcd's health and the nodes: without read access to the
 cluster's two Secrets (see "kubectl cp-rollout rbac") it is refused, exit 6.`,
 		Example: `  kubectl cp-rollout plan prod-eu1 --version v1.36.3
   kubectl cp-rollout plan prod-eu1 --replicas 5 -o json
+  kubectl cp-rollout plan prod-eu1 --rollout --certificates-expiring-within 30d
   kubectl cp-rollout plan prod-eu1 --version v1.36.3 --exit-code || echo "rollout pending"`,
 		Args: clusterOrSelection,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -178,6 +182,9 @@ cluster's two Secrets (see "kubectl cp-rollout rbac") it is refused, exit 6.`,
 	f.StringVar(&o.Request.Template, "infrastructure-template", "", "With --version: the InfraMachineTemplate the new machines are made from")
 	f.Int32Var(&o.replicas, "replicas", o.replicas, "Plan a scale to this many machines")
 	f.StringVar(&o.replace, "replace", "", "Plan the replacement of this machine")
+	f.BoolVar(&o.rollout, "rollout", false, "Plan the rollout of the KubeadmControlPlane's spec as it stands (the outdated machines)")
+	f.StringVar(&o.expiring, "certificates-expiring-within", "", "With --rollout: also the machines whose certificates expire within this time, in whole days (30d, 720h)")
+	f.BoolVar(&o.restart, "restart", false, "Plan the replacement of every machine")
 	f.BoolVar(&o.Request.ReplaceUnhealthy, "replace-unhealthy", false, "With --version or --replicas: plan the broken machines' replacement first, as the run with --replace-unhealthy would")
 	f.BoolVar(&o.ExitCode, "exit-code", false, fmt.Sprintf("Exit %d when steps are pending, 0 when there is nothing to do", PendingExitCode))
 	f.Bool("dry-run", false, "")
@@ -191,7 +198,7 @@ cluster's two Secrets (see "kubectl cp-rollout rbac") it is refused, exit 6.`,
 // Complete turns the one target flag given into the request.
 func (o *PlanOptions) Complete(cmd *cobra.Command, args []string) error {
 	o.completeCluster(args)
-	for _, name := range []string{"version", "replicas", "replace"} {
+	for _, name := range []string{"version", "replicas", "replace", "rollout", "restart"} {
 		if cmd.Flags().Changed(name) {
 			o.targets++
 		}
@@ -203,6 +210,10 @@ func (o *PlanOptions) Complete(cmd *cobra.Command, args []string) error {
 		o.Request.Operation, o.Request.Replicas = "scale", &o.replicas
 	case o.replace != "":
 		o.Request.Operation, o.Request.Replace = "replace", o.replace
+	case o.rollout:
+		o.Request.Operation = "rollout"
+	case o.restart:
+		o.Request.Operation = "restart"
 	}
 	return nil
 }
@@ -212,7 +223,13 @@ func (o *PlanOptions) Validate() error {
 	// Checked here rather than with cobra's flag groups, whose error would not
 	// be marked as bad usage.
 	if o.targets > 1 {
-		return exitcode.Usagef("plan takes one of --version, --replicas or --replace, not several")
+		return exitcode.Usagef("plan takes one of --version, --replicas, --replace, --rollout or --restart, not several")
+	}
+	if o.expiring != "" && !o.rollout {
+		return exitcode.Usagef("--certificates-expiring-within needs --rollout: it names machines a rollout replaces too")
+	}
+	if err := expiryWindow(&o.Request, o.expiring); err != nil {
+		return err
 	}
 	if err := o.validateSelection("plan"); err != nil {
 		return err
@@ -221,7 +238,7 @@ func (o *PlanOptions) Validate() error {
 		return err
 	}
 	if o.Request.Operation == "" {
-		return exitcode.Usagef("plan needs one of --version, --replicas or --replace")
+		return exitcode.Usagef("plan needs one of --version, --replicas, --replace, --rollout or --restart")
 	}
 	if err := o.requestOptions.validate(); err != nil {
 		return err
@@ -342,5 +359,5 @@ func printPlan(out io.Writer, format string, req rollout.Request, p *rollout.Pre
 }
 
 func nothingToDoFor(req rollout.Request) string {
-	return "nothing to do: the control plane already matches " + req.TargetString()
+	return req.Matched()
 }

@@ -98,3 +98,32 @@ func TestFleetStatusMarksAFailedRun(t *testing.T) {
 		t.Errorf("operation whose run failed: %q", got)
 	}
 }
+
+// TestStatusShowsPause: a pause set by `pause` says who set it, since when
+// and why; one a run set names the run's operation; a record written before
+// reasons existed reads as it did.
+func TestStatusShowsPause(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		rec  controlplane.Record
+		want string
+	}{
+		{controlplane.Record{Operation: "pause", Who: "ops@bastion/pid-7", Started: now.Add(-time.Hour), Reason: "CHG-1234: audit flags"},
+			"paused by cp-rollout pause (ops@bastion/pid-7, since 2026-12-01T11:00:00Z, reason: CHG-1234: audit flags)"},
+		{controlplane.Record{Operation: "pause", Who: "ops@bastion/pid-7", Started: now.Add(-time.Hour)},
+			"paused by cp-rollout pause (ops@bastion/pid-7, since 2026-12-01T11:00:00Z)"},
+		{controlplane.Record{Operation: "restart", Target: "every machine", Who: "ops@bastion/pid-7", Started: now.Add(-time.Hour)},
+			"OPERATION      restart to every machine by ops@bastion/pid-7, started 2026-12-01T11:00:00Z"},
+	} {
+		rec := tc.rec
+		st := &rollout.Status{Cluster: "demo", Namespace: "default", Operation: &rec,
+			ControlPlane: rollout.ControlPlaneStatus{Name: "demo-cp", Paused: true, PausedByUs: true}}
+		var out bytes.Buffer
+		if err := printStatus(&out, st, false, now); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), tc.want) {
+			t.Errorf("status without %q:\n%s", tc.want, out.String())
+		}
+	}
+}

@@ -150,6 +150,9 @@ func operation(rec *controlplane.Record) string {
 	if rec == nil {
 		return ""
 	}
+	if rec.Operation == controlplane.PauseOperation {
+		return rec.String()
+	}
 	line := rec.Operation + " to " + rec.Target
 	if f := rec.LastFailure; f != nil {
 		// The reason is status CLUSTER's to show: a fleet's row stays short.

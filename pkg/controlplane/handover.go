@@ -32,11 +32,16 @@ const RecordAnnotation = "cp-rollout.cluster.x-k8s.io/operation"
 // exist. It never pauses anything.
 const LastOperationAnnotation = "cp-rollout.cluster.x-k8s.io/last-operation"
 
+// PauseOperation is the record of `kubectl cp-rollout pause`: a pause that
+// holds KCP back while someone changes its spec, which any verb of this tool
+// may then take over and roll out (and handback undoes).
+const PauseOperation = "pause"
+
 // Record describes the operation that holds a control plane paused, or that
 // last finished.
 type Record struct {
-	Operation string     `json:"operation"` // upgrade, scale, replace
-	Target    string     `json:"target"`    // v1.36.3, replicas=5, machine name
+	Operation string     `json:"operation"` // upgrade, scale, replace, rollout, restart, pause
+	Target    string     `json:"target"`    // v1.36.3, replicas=5, machine name; "" for a pause
 	Who       string     `json:"who"`
 	Started   time.Time  `json:"started"`
 	Finished  *time.Time `json:"finished,omitempty"`
@@ -44,6 +49,9 @@ type Record struct {
 	// pause it left stands: status explains the pause with it. Records
 	// written before it existed have none; the operation finishing clears it.
 	LastFailure *Failure `json:"lastFailure,omitempty"`
+	// Reason is why a pause was set, as its author gave it; records written
+	// before it existed, and those of the other operations, have none.
+	Reason string `json:"reason,omitempty"`
 }
 
 // Failure is a run that stopped on an unsafe state (exit 3) or a wait that
@@ -59,7 +67,20 @@ type Failure struct {
 const maxFailureReason = 1024
 
 func (r Record) String() string {
+	if r.Operation == PauseOperation {
+		return "pause by " + r.Detail()
+	}
 	return fmt.Sprintf("%s to %s by %s, started %s", r.Operation, r.Target, r.Who, r.Started.UTC().Format(time.RFC3339))
+}
+
+// Detail is who set a pause, since when and why, for "paused by cp-rollout
+// pause (...)".
+func (r Record) Detail() string {
+	d := fmt.Sprintf("%s, since %s", r.Who, r.Started.UTC().Format(time.RFC3339))
+	if r.Reason != "" {
+		d += ", reason: " + r.Reason
+	}
+	return d
 }
 
 // RecordOf returns the operation record on kcp, if any.
@@ -207,6 +228,17 @@ func (c *Client) Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlP
 		return nil
 	}
 	return c.patchAnnotations(ctx, kcp, map[string]any{clusterv1.PausedAnnotation: nil, RecordAnnotation: nil})
+}
+
+// Restore puts rec back as the record of a KubeadmControlPlane that stays
+// paused: a run that took over a `pause` and then could not go on leaves the
+// pause as it found it, not handed back behind its author's back.
+func (c *Client) Restore(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, rec Record) error {
+	raw, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return c.patchAnnotations(ctx, kcp, map[string]any{RecordAnnotation: string(raw)})
 }
 
 // Complete hands the control plane back after its operation finished: as

@@ -116,6 +116,9 @@ func TestPlanExitCodeAndDryRunChangeNothing(t *testing.T) {
 	if r := e.Plugin(t, ctx, "plan", "demo", "--version", from, "--exit-code"); r.Code != 0 {
 		t.Errorf("plan at the current version: exit %d, want 0", r.Code)
 	}
+	if r := e.Plugin(t, ctx, "plan", "demo", "--rollout", "--exit-code"); r.Code != 0 || !strings.Contains(r.Stdout, "no machine is outdated") {
+		t.Errorf("plan --rollout of an up-to-date control plane: exit %d, want 0 and nothing to do\n%s", r.Code, r.Stdout)
+	}
 	r := e.Plugin(t, ctx, "plan", "demo", "--version", to, "--exit-code", "-o", "json")
 	if r.Code != 10 {
 		t.Errorf("plan of an upgrade: exit %d, want 10", r.Code)
@@ -133,6 +136,7 @@ func TestPlanExitCodeAndDryRunChangeNothing(t *testing.T) {
 		{"upgrade", "demo", "--version", to, "--dry-run"},
 		{"scale", "demo", "--replicas", "5", "--dry-run"},
 		{"replace", "demo", plan.Steps[1].Machine, "--dry-run"},
+		{"restart", "demo", "--dry-run"},
 	} {
 		if r := e.Plugin(t, ctx, args...); r.Code != 0 || !strings.Contains(r.Stdout, "create") {
 			t.Errorf("%v: exit %d, want 0 and a plan:\n%s", args, r.Code, r.Stdout)

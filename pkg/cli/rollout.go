@@ -1,0 +1,118 @@
+package cli
+
+import (
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/rollout"
+)
+
+// RolloutOptions replaces the machines that KCP finds outdated against the
+// KubeadmControlPlane's spec as it stands: a change applied under pause.
+type RolloutOptions struct {
+	changeOptions
+	expiring string // what --certificates-expiring-within holds
+}
+
+// NewRolloutOptions returns the rollout verb's defaults.
+func NewRolloutOptions(streams genericiooptions.IOStreams) *RolloutOptions {
+	return &RolloutOptions{changeOptions: newChangeOptions(streams, "rollout")}
+}
+
+// NewCmdRollout returns the rollout verb. runF, when set, replaces Run, so
+// tests can see what the flags resolve to.
+func NewCmdRollout(root *RootOptions, runF func(*RolloutOptions) error) *cobra.Command {
+	o := NewRolloutOptions(root.Streams)
+	o.Management = root.ConfigFlags
+	cmd := &cobra.Command{
+		Use:   "rollout (CLUSTER | -l SELECTOR | -A) [--certificates-expiring-within DURATION]",
+		Short: "Roll out a change of the control plane's spec, one machine at a time",
+		Long: `Replace, one machine at a time, every control-plane machine of CLUSTER that
+KCP's own check finds outdated against the KubeadmControlPlane's spec as it
+stands — a new infrastructure template, kubeadm configuration, version — then
+hand the control plane back; KCP then finds nothing to do.
+
+Change the spec under "kubectl cp-rollout pause CLUSTER": the pause keeps KCP
+from rolling the change out by itself, and this verb takes it over. A control
+plane that is not paused while KCP already finds machines outdated is in
+KCP's own rollout, and is refused (exit 3).
+
+--certificates-expiring-within also replaces the machines whose certificates
+expire within that time (whole days: 30d, or 720h), as KCP's
+spec.rollout.before.certificatesExpiryDays would, without writing that field.`,
+		Example: `  kubectl cp-rollout pause prod-eu1 --reason "apiServer audit flags"
+  kubectl patch kcp prod-eu1-control-plane --type merge -p '...'   # or let GitOps apply it
+  kubectl cp-rollout rollout prod-eu1
+  kubectl cp-rollout rollout prod-eu1 --certificates-expiring-within 30d`,
+		Args: clusterOrSelection,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runVerb(cmd, args, o, runF)
+		},
+	}
+	o.addFlags(cmd)
+	o.addYesFlag(cmd.Flags())
+	cmd.Flags().StringVar(&o.expiring, "certificates-expiring-within", "", "Also replace the machines whose certificates expire within this time, in whole days: 30d or 720h")
+	return cmd
+}
+
+// Complete takes the cluster's name, if given.
+func (o *RolloutOptions) Complete(cmd *cobra.Command, args []string) error {
+	o.complete(cmd, args)
+	return nil
+}
+
+// Validate checks the flags and puts the expiry window in the request; it
+// reads nothing but the options.
+func (o *RolloutOptions) Validate() error {
+	if err := expiryWindow(&o.Request, o.expiring); err != nil {
+		return err
+	}
+	return o.validate()
+}
+
+// expiryWindow puts --certificates-expiring-within, when given, in r.
+func expiryWindow(r *rollout.Request, value string) error {
+	if value == "" {
+		return nil
+	}
+	days, err := parseDays("certificates-expiring-within", value)
+	r.CertificatesExpiryDays = days
+	return err
+}
+
+// parseDays reads a time in whole days, as KCP's certificatesExpiryDays
+// counts it: "30d", or a Go duration that is a whole number of days ("720h").
+func parseDays(flag, value string) (int32, error) {
+	bad := func(why string) error {
+		return exitcode.Usagef("--%s %q: %s, like 30d or 720h", flag, value, why)
+	}
+	var days float64
+	if n, ok := strings.CutSuffix(value, "d"); ok {
+		d, err := strconv.ParseFloat(n, 64)
+		if err != nil {
+			return 0, bad("not a number of days")
+		}
+		days = d
+	} else {
+		d, err := time.ParseDuration(value)
+		if err != nil {
+			return 0, bad("not a duration")
+		}
+		days = d.Hours() / 24
+	}
+	switch {
+	case days <= 0:
+		return 0, bad("must be positive")
+	case days != math.Trunc(days):
+		return 0, bad("must be a whole number of days (KCP counts certificate expiry in days)")
+	case days > math.MaxInt32:
+		return 0, bad("too long")
+	}
+	return int32(days), nil
+}
