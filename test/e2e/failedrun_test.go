@@ -183,9 +183,12 @@ func awaitReplacementsHealthy(t *testing.T, ctx context.Context, e *env) {
 
 // What a failed run's pause holds back, and what handing back gives back:
 // while the KubeadmControlPlane stays paused mid-upgrade, Cluster API's
-// MachineSet preflight (ControlPlaneIsStable) creates no worker machine for
-// a scaled-up MachineDeployment; once the operator has fixed the fault and
-// run `handback`, KCP finishes the upgrade and the worker comes.
+// MachineSet preflight creates no worker machine for a scaled-up
+// MachineDeployment (ControlPlaneIsStable). Once the operator has fixed the
+// fault and run `handback`, KCP finishes the upgrade, and the
+// MachineDeployment, moved to the new version as the kubeadm skew policy
+// asks (KubeadmVersionSkew: workers join at the control plane's minor),
+// rolls out and scales.
 func TestWorkersScaleAfterHandbackOfAFailedRun(t *testing.T) {
 	t.Parallel()
 	e := simtest.Start(t, sim.Options{Replicas: 3, Workers: 1, Version: from, ProvisionDelay: time.Second, DeleteDelay: 500 * time.Millisecond})
@@ -211,17 +214,25 @@ func TestWorkersScaleAfterHandbackOfAFailedRun(t *testing.T) {
 	if err := c.Patch(ctx, md, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"replicas":2}}`))); err != nil {
 		t.Fatal(err)
 	}
-	workers := func() int {
+	workers := func() (n, at int) {
 		ws, err := e.Sim.Workers(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return len(ws)
+		for _, w := range ws {
+			if w.DeletionTimestamp.IsZero() {
+				n++
+				if w.Spec.Version == to && w.Status.NodeRef.IsDefined() {
+					at++
+				}
+			}
+		}
+		return n, at
 	}
 	// Long enough for the MachineSet controller to have created the worker
 	// were it free to: machines of this simulator appear within a second.
 	time.Sleep(15 * time.Second)
-	if n := workers(); n != 1 {
+	if n, _ := workers(); n != 1 {
 		t.Fatalf("%d worker machines while the control plane stays paused mid-upgrade, want 1 (held back by the MachineSet preflight)", n)
 	}
 
@@ -231,10 +242,16 @@ func TestWorkersScaleAfterHandbackOfAFailedRun(t *testing.T) {
 	if r := e.Plugin(t, ctx, "handback", "demo"); r.Code != 0 {
 		t.Fatalf("handback: exit %d", r.Code)
 	}
-	simtest.Eventually(t, 10*time.Minute, "KCP finished the upgrade and the worker came", func(ctx context.Context) (bool, string, error) {
-		n := workers()
-		kcp := kcpOf(t, e)
-		v := kcp.Status.Versions
-		return n == 2 && len(v) == 1 && v[0].Version == to, fmt.Sprintf("%d workers, KCP at %v", n, v), nil
+	simtest.Eventually(t, 8*time.Minute, "KCP finished the upgrade", func(ctx context.Context) (bool, string, error) {
+		v := kcpOf(t, e).Status.Versions
+		return len(v) == 1 && v[0].Version == to, fmt.Sprintf("KCP reports %v", v), nil
+	})
+	patch := fmt.Sprintf(`{"spec":{"template":{"spec":{"version":%q}}}}`, to)
+	if err := c.Patch(ctx, md, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+	simtest.Eventually(t, 5*time.Minute, "two workers at "+to, func(ctx context.Context) (bool, string, error) {
+		n, at := workers()
+		return n == 2 && at == 2, fmt.Sprintf("%d workers, %d of them at %s with a node", n, at, to), nil
 	})
 }
