@@ -606,7 +606,7 @@ func KCPRollingOut(s *Snapshot) error {
 		}
 	}
 	return exitcode.Unsafef("KCP's own rollout of KubeadmControlPlane %s is in progress (%s; outdated: %s): let it finish, or `kubectl cp-rollout pause %s` before changing the spec next time, then `kubectl cp-rollout rollout %s`",
-		kcp.Name, says, strings.Join(outdated.Names(), ", "), s.CP.Cluster.Name, s.CP.Cluster.Name)
+		kcp.Name, says, strings.Join(machineNames(outdated.SortedByCreationTimestamp()), ", "), s.CP.Cluster.Name, s.CP.Cluster.Name)
 }
 
 // SupportedKCPMinor is the KCP controller minor this tool computes desired
@@ -647,4 +647,14 @@ func Replacing(s *Snapshot) collections.Func {
 	return func(m *clusterv1.Machine) bool {
 		return m != nil && !s.CP.MachinesNotUpToDate.Has(m) && Joining(s, m)
 	}
+}
+
+// machineNames names machines in their order, for messages that must read
+// the same each time (a collection's Names follow map order).
+func machineNames(ms []*clusterv1.Machine) []string {
+	names := make([]string, len(ms))
+	for i, m := range ms {
+		names[i] = m.Name
+	}
+	return names
 }

@@ -90,13 +90,13 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 	want, have := int(ptr.Deref(cp.KCP.Spec.Replicas, 1)), cp.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)).Len()
 	var todo []string
 	if outdated.Len() > 0 {
-		todo = append(todo, fmt.Sprintf("roll out %d outdated machine(s) (%s) to %s", outdated.Len(), strings.Join(outdated.Names(), ", "), cp.KCP.Spec.Version))
+		todo = append(todo, fmt.Sprintf("roll out %d outdated machine(s) (%s) to %s", outdated.Len(), strings.Join(machineNames(outdated.SortedByCreationTimestamp()), ", "), cp.KCP.Spec.Version))
 	}
 	if want != have {
 		todo = append(todo, fmt.Sprintf("scale from %d to %d machines", have, want))
 	}
 	if d := Deleting(NewSnapshot(cp)); d.Len() > 0 {
-		todo = append(todo, "finish deleting "+strings.Join(d.Names(), ", "))
+		todo = append(todo, "finish deleting "+strings.Join(machineNames(d.SortedByCreationTimestamp()), ", "))
 	}
 	if len(todo) == 0 {
 		done = append(done, "KCP has nothing to do: every machine is up to date")

@@ -173,7 +173,7 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		// before its replacement comes. Its removal lowers the quorum the
 		// new member would otherwise have to help reach.
 		return remove(ctx, s, t, lost(s, condemned), fmt.Sprintf("%d machine(s) to replace; machine(s) %s lost their etcd member: delete first",
-			outdated.Len(), strings.Join(lost(s, condemned).Names(), ", ")))
+			outdated.Len(), strings.Join(machineNames(lost(s, condemned).SortedByCreationTimestamp()), ", ")))
 	default:
 		return remove(ctx, s, t, outdated, fmt.Sprintf("%d machine(s) to replace, no spare capacity: delete first", outdated.Len()))
 	}

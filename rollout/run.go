@@ -167,7 +167,7 @@ func brokenRefusal(s *Snapshot, r Request, broken collections.Machines) error {
 	m := broken.Oldest()
 	also := ""
 	if broken.Len() > 1 {
-		also = fmt.Sprintf(" (and %d more: %s)", broken.Len()-1, strings.Join(broken.Difference(collections.FromMachines(m)).Names(), ", "))
+		also = fmt.Sprintf(" (and %d more: %s)", broken.Len()-1, strings.Join(machineNames(broken.Difference(collections.FromMachines(m)).SortedByCreationTimestamp()), ", "))
 	}
 	forward := replaceHint(s, m)
 	if r.Operation == "upgrade" || r.Operation == "scale" {
