@@ -41,7 +41,7 @@ TEST_TIMEOUT   ?= 45m
 # two at a time by pkg/sim/simtest.
 TEST_PARALLEL  ?= 4
 
-.PHONY: all build plugin demo sim test test-e2e test-packages test-long test-faults bench bench-fleet bench-startup envtest lint release-check clean
+.PHONY: all build plugin demo sim test test-e2e test-packages test-long test-runbooks test-faults bench bench-fleet bench-startup envtest lint release-check clean
 all: build
 
 build: plugin ## bin/kubectl-cp_rollout, its kubectl completion helper, bin/cp-rollout-sim
@@ -85,6 +85,14 @@ FAULTS     := ^Test(Kill|SecondRunLocked|ReplacementNeverProvisions|WorkloadAPIS
 # two-core machine, one of which would be most of `make test`'s time alone;
 # `make test-long` runs them, and CI runs it too.
 LONG       := ^Test(ClusterClassUpgradeThroughTwoMinors|LeastPrivilege|Fleet.*|DeadMachineKCPAlone)$$
+# The runbook suite: the recovery runbooks (docs/recovery.md) and the
+# rollouts of every change (docs/gitops.md) end to end, each a few minutes on
+# a simulator of its own, and the simulator's own scenarios of its faults and
+# of every change KCP rolls out. `make test` keeps one of each kind (a dead
+# machine replaced, a failed run explained) and leaves the rest to
+# `make test-runbooks`, which CI runs too.
+RUNBOOKS   := ^Test(UpgradeReplacesUnhealthy|DrainBlockedByPDB|RaisedDrainTimeoutReachesTheDeletingMachine|WorkersScaleAfterHandbackOfAFailedRun|UpgradeWithNewMachineTemplate|PauseThenRolloutOfASpecChange|RestartReplacesEveryMachine|RolloutOfExpiringCertificates)$$
+SIM_RUNBOOKS := ^Test(EveryRolloutChangeIsVisibleToKCP|FaultAnnotations)$$
 # The simulator's own long scenario: two simulators starting on one
 # namespace, seven minutes of both cores beside the end-to-end suite.
 SIM_LONG   := ^TestClustersShareANamespace$$
@@ -98,9 +106,13 @@ E2E_ALONE  := ^TestManagementAPIServerRestart$$
 # fourth boundary.
 KILL_MATRIX ?= part
 test-e2e:
-	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -skip '$(FAULTS)|$(LONG)' ./test/e2e
+	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -skip '$(FAULTS)|$(LONG)|$(RUNBOOKS)' ./test/e2e
 test-packages:
-	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -skip '$(SIM_LONG)' $$($(GO) list ./... | grep -v /test/e2e)
+	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -skip '$(SIM_LONG)|$(SIM_RUNBOOKS)' $$($(GO) list ./... | grep -v /test/e2e)
+
+test-runbooks: envtest plugin $(if $(TEST_SUMMARY),$(GOTESTSUM)) ## the recovery runbooks and every-change rollouts end to end, and the simulator's faults and changes
+	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GOTEST) $(TEST_FLAGS) -run '$(RUNBOOKS)' ./test/e2e
+	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -run '$(SIM_RUNBOOKS)' ./pkg/sim
 
 test-long: envtest plugin $(if $(TEST_SUMMARY),$(GOTESTSUM)) ## the long suite: a ClusterClass cluster upgraded two minors with its workers, least privilege under the audit log, fleets of four clusters, simulators sharing a namespace, KCP alone replacing a dead machine
 	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GOTEST) $(TEST_FLAGS) -run '$(LONG)' ./test/e2e
