@@ -16,6 +16,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/sim"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
@@ -223,5 +224,39 @@ func TestRolloutOfExpiringCertificates(t *testing.T) {
 	}
 	mon.check(t)
 	assertConverged(t, e, 3, from)
+	assertKCPIdle(t, e)
+}
+
+// On a ClusterClass cluster: `restart` replaces every machine one at a time
+// and KCP, whose spec the topology controller owns, finds nothing to do
+// after the hand-back (the tool wrote no spec field); a new machine template
+// is refused, exit 2, naming the class that owns it.
+func TestClusterClassRestartAndTemplate(t *testing.T) {
+	t.Parallel()
+	e := simtest.Start(t, sim.Options{Replicas: 3, Topology: true, Version: to,
+		ProvisionDelay: 500 * time.Millisecond, DeleteDelay: 500 * time.Millisecond})
+	e.AwaitKCP = true
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+
+	before := quietVersions(t, e)
+	r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to, "--infrastructure-template", "demo-control-plane-v2")
+	if r.Code != 2 || !strings.Contains(r.Stderr, "ClusterClass demo-class") {
+		t.Errorf("upgrade --infrastructure-template on a ClusterClass cluster: exit %d, want 2 naming its class:\n%s", r.Code, r.Stderr)
+	}
+	assertUnchanged(t, before, versions(t, e))
+
+	old := machineSet(t, e)
+	mon := watchInvariants(t, e, 4, 2)
+	if r := e.Plugin(t, ctx, "restart", "demo"); r.Code != 0 {
+		t.Fatalf("restart of a ClusterClass cluster: exit %d:\n%s", r.Code, simtest.Tail(r.Stderr, 20))
+	}
+	mon.check(t)
+	for name := range machineSet(t, e) {
+		if old[name] {
+			t.Errorf("machine %s was not replaced by the restart", name)
+		}
+	}
+	assertConverged(t, e, 3, to)
 	assertKCPIdle(t, e)
 }
