@@ -90,6 +90,12 @@ func watchInvariants(t *testing.T, e *env, maxMachines, minHealthy int) *monitor
 	m := &monitor{e: e, maxMachines: maxMachines, minHealthy: minHealthy, lowHealthy: 1 << 30,
 		deleting: map[string]bool{}, infraGoing: map[string]bool{}, unhealthy: map[string]bool{}, cache: cache, etcd: ec, stop: cancel, done: make(chan struct{})}
 	go func() { _ = cache.Start(ctx) }()
+	// A read before Start has marked the cache started fails at once
+	// (ErrCacheNotStarted) rather than waiting: wait for it first.
+	if !cache.WaitForCacheSync(ctx) {
+		cancel()
+		t.Fatal("the monitor's cache never started")
+	}
 	// A machine already deleting when the watch begins was deleted by the
 	// scenario itself (it may well be the leader's): only deletions that start
 	// while watched are the tool's.
