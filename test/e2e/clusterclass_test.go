@@ -108,9 +108,7 @@ func TestClusterClassUpgradeThroughTwoMinors(t *testing.T) {
 // too: scale up and down sets them there; a replace changes no target.
 func TestClusterClassScaleAndReplace(t *testing.T) {
 	t.Parallel()
-	e := simtest.Start(t, sim.Options{Replicas: 3, Topology: true, Version: to,
-		ProvisionDelay: 500 * time.Millisecond, DeleteDelay: 500 * time.Millisecond})
-	e.AwaitKCP = true
+	e := classSim(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	c := e.Sim.ManagementClient()
@@ -160,6 +158,17 @@ func TestClusterClassScaleAndReplace(t *testing.T) {
 	if r := e.Plugin(t, ctx, "status", "demo"); r.Code != 0 || !strings.Contains(r.Stdout, "TOPOLOGY") || !strings.Contains(r.Stdout, "ClusterClass demo-class") {
 		t.Errorf("status: exit %d, want a TOPOLOGY line naming ClusterClass demo-class:\n%s", r.Code, r.Stdout)
 	}
+}
+
+// classSim is a ClusterClass cluster of 3 control-plane machines at the
+// target version, whose machines come and go within a second, with KCP
+// awaited at every hand-back.
+func classSim(t *testing.T) *env {
+	t.Helper()
+	e := simtest.Start(t, sim.Options{Replicas: 3, Topology: true, Version: to,
+		ProvisionDelay: 500 * time.Millisecond, DeleteDelay: 500 * time.Millisecond})
+	e.AwaitKCP = true
+	return e
 }
 
 func machineSet(t *testing.T, e *env) map[string]bool {

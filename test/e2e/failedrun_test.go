@@ -33,17 +33,7 @@ func TestFailedRunLeavesAnExplainedPause(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
-	// Not the leader's member: its election would only blur which fault
-	// stopped the run.
-	node := nonLeaderNode(t, ctx, e)
-	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json", "--unhealthy-grace", "3s")
-	run.Until(t, isAction("create", "done"))
-	if err := e.Sim.StopMember(node); err != nil {
-		t.Fatal(err)
-	}
-	if code := run.Wait(); code != 3 {
-		t.Fatalf("exit %d after member %s stopped, want 3; stderr:\n%s", code, node, simtest.Tail(run.Stderr(), 15))
-	}
+	node, run := failAfterCreate(t, ctx, e)
 	blocked := []string{"stays paused by cp-rollout", "remediat", "certificates", "ControlPlaneIsStable", "MachineDeployment rollouts",
 		"Re-run the same command to resume", "kubectl cp-rollout handback demo -n " + e.Sim.ClusterKey().Namespace}
 	for _, says := range blocked {
@@ -125,6 +115,24 @@ func TestFailedRunLeavesAnExplainedPause(t *testing.T) {
 	}
 }
 
+// failAfterCreate makes an upgrade fail with exit 3 mid-rollout: an old
+// member stops right after the first replacement is created. It returns that
+// member's node and the finished run. Not the leader's member: its election
+// would only blur which fault stopped the run.
+func failAfterCreate(t *testing.T, ctx context.Context, e *env) (string, *simtest.Running) {
+	t.Helper()
+	node := nonLeaderNode(t, ctx, e)
+	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json", "--unhealthy-grace", "3s")
+	run.Until(t, isAction("create", "done"))
+	if err := e.Sim.StopMember(node); err != nil {
+		t.Fatal(err)
+	}
+	if code := run.Wait(); code != 3 {
+		t.Fatalf("exit %d after member %s stopped, want 3; stderr:\n%s", code, node, simtest.Tail(run.Stderr(), 15))
+	}
+	return node, run
+}
+
 // nonLeaderNode names the node of an etcd member that does not lead.
 func nonLeaderNode(t *testing.T, ctx context.Context, e *env) string {
 	t.Helper()
@@ -196,15 +204,7 @@ func TestWorkersScaleAfterHandbackOfAFailedRun(t *testing.T) {
 	defer cancel()
 	c := e.Sim.ManagementClient()
 
-	node := nonLeaderNode(t, ctx, e)
-	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json", "--unhealthy-grace", "3s")
-	run.Until(t, isAction("create", "done"))
-	if err := e.Sim.StopMember(node); err != nil {
-		t.Fatal(err)
-	}
-	if code := run.Wait(); code != 3 {
-		t.Fatalf("exit %d after member %s stopped, want 3", code, node)
-	}
+	node, _ := failAfterCreate(t, ctx, e)
 
 	mds := &clusterv1.MachineDeploymentList{}
 	if err := c.List(ctx, mds, client.InNamespace(e.Sim.ClusterKey().Namespace)); err != nil || len(mds.Items) != 1 {

@@ -25,6 +25,20 @@ import (
 func deadMachineSim(t *testing.T, ctx context.Context) (e *env, dead string, mon *monitor) {
 	t.Helper()
 	e = fastSim(t, 3)
+	oldest := oldestMachine(t, ctx, e)
+	node := oldest.Status.NodeRef.Name
+	if err := e.Sim.StopMember(node); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Sim.SetStaticPodReady(ctx, node, "kube-apiserver", false); err != nil {
+		t.Fatal(err)
+	}
+	return e, oldest.Name, watchInvariants(t, e, 4, 2)
+}
+
+// oldestMachine is the cluster's oldest control-plane machine.
+func oldestMachine(t *testing.T, ctx context.Context, e *env) clusterv1.Machine {
+	t.Helper()
 	machines, err := e.Sim.Machines(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -35,14 +49,7 @@ func deadMachineSim(t *testing.T, ctx context.Context) (e *env, dead string, mon
 			oldest = m
 		}
 	}
-	node := oldest.Status.NodeRef.Name
-	if err := e.Sim.StopMember(node); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Sim.SetStaticPodReady(ctx, node, "kube-apiserver", false); err != nil {
-		t.Fatal(err)
-	}
-	return e, oldest.Name, watchInvariants(t, e, 4, 2)
+	return oldest
 }
 
 // machineGone fails the test if machine is still there.
@@ -188,17 +195,8 @@ func TestDrainBlockedByPDB(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	c := e.Sim.ManagementClient()
-	machines, err := e.Sim.Machines(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// With surge 1 on one failure domain the oldest outdated machine goes first.
-	oldest := machines[0]
-	for _, m := range machines[1:] {
-		if m.CreationTimestamp.Before(&oldest.CreationTimestamp) {
-			oldest = m
-		}
-	}
+	oldest := oldestMachine(t, ctx, e)
 	if err := e.Sim.BlockDrain(ctx, oldest.Name, oldest.Status.NodeRef.Name); err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
-	"github.com/cp-rollout/cp-rollout/pkg/sim"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
@@ -233,9 +232,7 @@ func TestRolloutOfExpiringCertificates(t *testing.T) {
 // is refused, exit 2, naming the class that owns it.
 func TestClusterClassRestartAndTemplate(t *testing.T) {
 	t.Parallel()
-	e := simtest.Start(t, sim.Options{Replicas: 3, Topology: true, Version: to,
-		ProvisionDelay: 500 * time.Millisecond, DeleteDelay: 500 * time.Millisecond})
-	e.AwaitKCP = true
+	e := classSim(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 
