@@ -41,7 +41,7 @@ TEST_TIMEOUT   ?= 45m
 # two at a time by pkg/sim/simtest.
 TEST_PARALLEL  ?= 4
 
-.PHONY: all build plugin demo sim test test-e2e test-packages test-long test-runbooks test-faults bench bench-fleet bench-startup envtest lint release-check clean
+.PHONY: all build plugin demo sim test test-e2e test-packages test-long test-runbooks test-faults test-capi capi-binaries bench bench-fleet bench-startup envtest lint release-check clean
 all: build
 
 build: plugin ## bin/kubectl-cp_rollout, its kubectl completion helper, bin/cp-rollout-sim
@@ -105,8 +105,12 @@ E2E_ALONE  := ^TestManagementAPIServerRestart$$
 # boundary (about 25 minutes more); by default three operations at every
 # fourth boundary.
 KILL_MATRIX ?= part
+# The Cluster API matrix: the verbs against each proven release's own
+# controller binaries (test/e2e/capi_test.go), about 6 minutes a release.
+CAPI       := ^TestCAPIReleases$$
+CAPI_RELEASES := v1.13.6 v1.14.2
 test-e2e:
-	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -skip '$(FAULTS)|$(LONG)|$(RUNBOOKS)' ./test/e2e
+	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -skip '$(FAULTS)|$(LONG)|$(RUNBOOKS)|$(CAPI)' ./test/e2e
 test-packages:
 	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -skip '$(SIM_LONG)|$(SIM_RUNBOOKS)' $$($(GO) list ./... | grep -v /test/e2e)
 
@@ -117,6 +121,15 @@ test-runbooks: envtest plugin $(if $(TEST_SUMMARY),$(GOTESTSUM)) ## the recovery
 test-long: envtest plugin $(if $(TEST_SUMMARY),$(GOTESTSUM)) ## the long suite: a ClusterClass cluster upgraded two minors with its workers, least privilege under the audit log, fleets of four clusters, simulators sharing a namespace, KCP alone replacing a dead machine
 	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GOTEST) $(TEST_FLAGS) -run '$(LONG)' ./test/e2e
 	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -run '$(SIM_LONG)' ./pkg/sim
+
+# Each release's core, kubeadm bootstrap and KCP managers, built from the Go
+# module proxy once and cached outside the checkout (the first build of a
+# release takes about 5 minutes on two cores).
+capi-binaries: build
+	@for v in $(CAPI_RELEASES); do bin/cp-rollout-sim build-capi $$v >/dev/null || exit 1; done
+
+test-capi: envtest plugin capi-binaries $(if $(TEST_SUMMARY),$(GOTESTSUM)) ## the Cluster API matrix: upgrade, scale, replace and a ClusterClass upgrade against v1.13.6's and v1.14.2's own controller binaries
+	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GOTEST) $(TEST_FLAGS) -timeout 60m -run '$(CAPI)' ./test/e2e
 
 test-faults: envtest plugin $(if $(TEST_SUMMARY),$(GOTESTSUM)) ## the fault suite: SIGKILL at step boundaries, stopped members, unreachable API servers, lost Leases
 	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(if $(filter full,$(KILL_MATRIX)),CP_ROLLOUT_FULL_KILL_MATRIX=1) \

@@ -609,22 +609,39 @@ func KCPRollingOut(s *Snapshot) error {
 		kcp.Name, says, strings.Join(machineNames(outdated.SortedByCreationTimestamp()), ", "), s.CP.Cluster.Name, s.CP.Cluster.Name)
 }
 
-// SupportedKCPMinor is the KCP controller minor this tool computes desired
-// state with. Another minor computes it differently, and after hand-back KCP
-// would roll every machine again.
-var SupportedKCPMinor = semver.Version{Major: 1, Minor: 14}
+// ProvenKCPMinors are the KCP controller minors this tool was proven with:
+// each release's own controller binaries, handed a control plane the tool
+// rolled, found every machine up to date and did nothing (make test-capi).
+// The tool computes desired state with v1.14.2's packages; a minor that
+// computes it differently would roll every machine again after hand-back.
+var ProvenKCPMinors = []semver.Version{{Major: 1, Minor: 13}, {Major: 1, Minor: 14}}
 
-// CheckKCPVersion refuses a KCP controller of another minor than the
-// supported one. Its input is the controller's image tag, which no snapshot
-// holds: it is read once per run, from the controller's Deployment.
-func CheckKCPVersion(version string) error {
+// ProvenKCPRange names ProvenKCPMinors for messages: "v1.13.x–v1.14.x".
+func ProvenKCPRange() string {
+	first, last := ProvenKCPMinors[0], ProvenKCPMinors[len(ProvenKCPMinors)-1]
+	return fmt.Sprintf("v%d.%d.x–v%d.%d.x", first.Major, first.Minor, last.Major, last.Minor)
+}
+
+// KCPVersionProven reports whether a KCP controller of this version is of a
+// proven minor.
+func KCPVersionProven(version string) bool {
 	v, err := semver.ParseTolerant(version)
-	if err != nil {
+	return err == nil && slices.ContainsFunc(ProvenKCPMinors, func(p semver.Version) bool {
+		return v.Major == p.Major && v.Minor == p.Minor
+	})
+}
+
+// CheckKCPVersion refuses a KCP controller of a minor the tool was not
+// proven with. Its input is the controller's image tag, which no snapshot
+// holds: it is read once per run, from the controller's Deployment, or
+// given with --kcp-version.
+func CheckKCPVersion(version string) error {
+	if _, err := semver.ParseTolerant(version); err != nil {
 		return exitcode.Unsafef("KCP controller version %q is not a version: pass --kcp-version", version)
 	}
-	if v.Major != SupportedKCPMinor.Major || v.Minor != SupportedKCPMinor.Minor {
-		return exitcode.Unsafef("KCP controller is %s; this tool supports v%d.%d.x, whose desired state it reproduces (another minor would re-roll every machine after hand-back)",
-			version, SupportedKCPMinor.Major, SupportedKCPMinor.Minor)
+	if !KCPVersionProven(version) {
+		return exitcode.Unsafef("KCP controller is %s; this tool is proven with KCP %s, whose desired state it reproduces (another minor may roll every machine again after hand-back); to run anyway at your own risk, name a proven version with --kcp-version",
+			version, ProvenKCPRange())
 	}
 	return nil
 }

@@ -201,7 +201,7 @@ func TestDesiredRefusesBadInput(t *testing.T) {
 }
 
 func TestCheckKCPVersion(t *testing.T) {
-	for version, ok := range map[string]bool{"v1.14.2": true, "v1.14.0-rc.1": true, "v1.13.2": false, "v1.15.0": false, "latest": false} {
+	for version, ok := range map[string]bool{"v1.14.2": true, "v1.14.0-rc.1": true, "v1.13.2": true, "v1.13.6": true, "v1.12.4": false, "v1.15.0": false, "latest": false} {
 		if err := CheckKCPVersion(version); (err == nil) != ok {
 			t.Errorf("KCP controller %s: %v", version, err)
 		} else if err != nil && exitcode.Of(err) != exitcode.Unsafe {

@@ -33,7 +33,14 @@ func Unsettled(cp *kcpstate.ControlPlane) []string {
 	if kcp.Status.ObservedGeneration != kcp.Generation {
 		out = append(out, fmt.Sprintf("KCP has not observed generation %d of its spec (observed %d)", kcp.Generation, kcp.Status.ObservedGeneration))
 	}
-	if v := kcp.Status.Versions; len(v) != 1 || v[0].Version != kcp.Spec.Version {
+	switch v := kcp.Status.Versions; {
+	case len(v) == 0 && kcp.Status.Version != "":
+		// KCP v1.13 reports only the lowest version of its machines
+		// (status.version); status.versions came with v1.14.
+		if kcp.Status.Version != kcp.Spec.Version {
+			out = append(out, fmt.Sprintf("KCP reports its oldest machine at %s, want all at %s", kcp.Status.Version, kcp.Spec.Version))
+		}
+	case len(v) != 1 || v[0].Version != kcp.Spec.Version:
 		var seen []string
 		for _, sv := range v {
 			seen = append(seen, fmt.Sprintf("%d at %s", sv.Replicas, sv.Version))

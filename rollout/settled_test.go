@@ -63,6 +63,13 @@ func TestUnsettledUntilKCPAgrees(t *testing.T) {
 
 	kcp.Spec.Replicas = ptr.To(int32(2))
 	says()
+
+	// KCP v1.13 writes no status.versions, only its oldest machine's
+	// version in status.version.
+	kcp.Status.Versions, kcp.Status.Version = nil, "v1.35.2"
+	says("oldest machine at v1.35.2, want all at v1.36.3")
+	kcp.Status.Version = "v1.36.3"
+	says()
 }
 
 // TestAwaitSettledRidesOutUnreadableReads: after the hand-back, reads that

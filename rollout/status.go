@@ -39,6 +39,21 @@ type Status struct {
 	// cluster has them, with no problem found on their nodes, no etcd
 	// members and no next step, which depends on their health.
 	ManagementOnly bool `json:"managementOnly,omitempty"`
+	// KCPController is the KubeadmControlPlane controller as status found
+	// it; nil when it was not looked for.
+	KCPController *KCPControllerStatus `json:"kcpController,omitempty"`
+}
+
+// KCPControllerStatus is the KubeadmControlPlane controller's version and
+// whether this tool is proven with it: the verbs that roll machines refuse
+// one it is not (CheckKCPVersion), and status says so before they do.
+type KCPControllerStatus struct {
+	// Version is the controller's image tag; "" when it could not be read.
+	Version string `json:"version,omitempty"`
+	Proven  bool   `json:"proven"`
+	// Error says why Version could not be read: status shows the rest of
+	// the control plane all the same.
+	Error string `json:"error,omitempty"`
 }
 
 // ControlPlaneStatus describes the KubeadmControlPlane.

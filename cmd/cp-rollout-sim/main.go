@@ -5,7 +5,17 @@
 //	cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default]
 //	    [--replicas 3] [--version v1.35.2] [--image sim-image-<version>] [--provision-delay 2s] [--delete-delay 1s]
 //	    [--capacity 0] [--failure-domains 0] [--workers 0] [--topology] [--class-versions V,V,...] [--mhc=true] [--without-kcp]
-//	    [--clusters 1] [--inert-clusters 0] [--inert-machines 3]
+//	    [--clusters 1] [--inert-clusters 0] [--inert-machines 3] [--capi-version V]
+//
+// --capi-version runs that Cluster API release's own controller binaries as
+// processes, with its CRDs and webhooks, instead of the v1.14.2 controllers
+// linked in; the first use of a release builds them from the Go module proxy
+// (minutes), later ones start them from the cache.
+//
+//	cp-rollout-sim build-capi VERSION
+//
+// builds (or finds in the cache) a release's controllers and prints their
+// directory, so that a CI run builds them before its tests start.
 //
 // One cluster is named --cluster. --clusters N runs N, <cluster>-1 …
 // <cluster>-N, on one management cluster with one set of Cluster API
@@ -33,6 +43,7 @@ import (
 	"maps"
 	"os"
 	"os/signal"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -98,6 +109,7 @@ func parseUp(args []string) (*upOptions, error) {
 	})
 	fs.BoolVar(&o.mhc, "mhc", true, "watch the control-plane machines with the MachineHealthCheck Cluster API recommends (node not Ready for 5m)")
 	fs.BoolVar(&o.sim.WithoutKCP, "without-kcp", false, "do not run the KubeadmControlPlane controller")
+	fs.StringVar(&o.sim.CAPIVersion, "capi-version", "", "run this Cluster API release's own controller binaries (built from the Go module proxy on first use, minutes) instead of the v1.14.2 controllers linked in")
 	fs.IntVar(&o.clusters, "clusters", 1, "simulated clusters <cluster>-1 ... <cluster>-N on one management cluster, each with its own workload cluster, etcd and nodes; 1 means one named --cluster")
 	fs.IntVar(&o.inertClusters, "inert-clusters", 0, "paused clusters inert-1 ... inert-M (env=inert) that are management-cluster objects only: no workload cluster, no etcd")
 	fs.IntVar(&o.inertMachines, "inert-machines", 3, "control-plane machines of each inert cluster (odd, as KCP's webhook wants with stacked etcd)")
@@ -131,6 +143,10 @@ func parseUp(args []string) (*upOptions, error) {
 		return nil, fmt.Errorf("--clusters must be between 1 and %d, got %d", maxClusters, o.clusters)
 	case o.clusters > 1 && o.sim.WithoutKCP:
 		return nil, errors.New("--without-kcp needs a management cluster of the cluster's own, not one of --clusters > 1")
+	case o.sim.CAPIVersion != "" && (o.clusters > 1 || o.sim.WithoutKCP):
+		return nil, errors.New("--capi-version runs one cluster with its KCP controller: it takes neither --clusters > 1 nor --without-kcp")
+	case o.sim.CAPIVersion != "" && !capiRelease.MatchString(o.sim.CAPIVersion):
+		return nil, fmt.Errorf("--capi-version must be a Cluster API release such as v1.13.6, got %q", o.sim.CAPIVersion)
 	case o.inertClusters < 0:
 		return nil, fmt.Errorf("--inert-clusters must be 0 (none) or more, got %d", o.inertClusters)
 	case o.inertMachines < 1 || o.inertMachines%2 == 0:
@@ -169,13 +185,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "fault" {
 		return runFaultCommand(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "build-capi" {
+		return runBuildCAPI(args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "up" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 			fmt.Fprintln(stdout, usage)
 			fmt.Fprintln(stdout, faultUsage)
+			fmt.Fprintln(stdout, buildUsage)
 			return exitOK
 		}
-		fmt.Fprintln(stderr, "error: expected the `up` or `fault` command; usage: "+usage+" | "+faultUsage)
+		fmt.Fprintln(stderr, "error: expected the `up`, `fault` or `build-capi` command; usage: "+usage+" | "+faultUsage+" | "+buildUsage)
 		return exitUsage
 	}
 	o, err := parseUp(args[1:])
@@ -209,7 +229,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-const usage = "cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default] [--replicas 3] [--version v1.35.2] [--image sim-image-<version>] [--provision-delay 2s] [--delete-delay 1s] [--capacity 0] [--failure-domains 0] [--workers 0] [--topology] [--class-versions V,V,...] [--mhc=true] [--without-kcp] [--clusters 1] [--inert-clusters 0] [--inert-machines 3] [-v]"
+const usage = "cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default] [--replicas 3] [--version v1.35.2] [--image sim-image-<version>] [--provision-delay 2s] [--delete-delay 1s] [--capacity 0] [--failure-domains 0] [--workers 0] [--topology] [--class-versions V,V,...] [--mhc=true] [--without-kcp] [--clusters 1] [--inert-clusters 0] [--inert-machines 3] [--capi-version V] [-v]"
+
+const buildUsage = "cp-rollout-sim build-capi VERSION (a Cluster API release such as v1.13.6)"
+
+var capiRelease = regexp.MustCompile(`^v1\.\d+\.\d+$`)
+
+// runBuildCAPI builds a Cluster API release's controllers into the cache, or
+// finds them there, and prints their directory.
+func runBuildCAPI(args []string, stdout, stderr io.Writer) int {
+	if len(args) != 1 || !capiRelease.MatchString(args[0]) {
+		fmt.Fprintln(stderr, "error: usage: "+buildUsage)
+		return exitUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	r, err := sim.BuildRelease(ctx, args[0], stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "error: %v\n", err)
+		return exitError
+	}
+	fmt.Fprintln(stdout, r.Dir)
+	return exitOK
+}
 
 // startConcurrency is how many simulated clusters start at once: a start-up
 // keeps a core busy (an API server, its CRDs and etcd), and the machine this
@@ -217,6 +259,13 @@ const usage = "cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--names
 const startConcurrency = 2
 
 func up(ctx context.Context, o *upOptions, stdout, stderr io.Writer) (err error) {
+	if o.sim.CAPIVersion != "" {
+		// Before the start-up timeout: the first build of a release takes
+		// minutes.
+		if _, err := sim.BuildRelease(ctx, o.sim.CAPIVersion, stderr); err != nil {
+			return err
+		}
+	}
 	began := time.Now()
 	startCtx, cancel := context.WithTimeout(ctx, o.startTimeout)
 	defer cancel()

@@ -37,6 +37,13 @@ func TestBadUsageIsOneLineAndExitsTwo(t *testing.T) {
 		{"up", "--kubeconfig-out", "k", "--clusters", "255"},
 		{"up", "--kubeconfig-out", "k", "--clusters", "two"},
 		{"up", "--kubeconfig-out", "k", "--clusters", "2", "--without-kcp"},
+		{"up", "--kubeconfig-out", "k", "--capi-version", "1.13.6"},
+		{"up", "--kubeconfig-out", "k", "--capi-version", "v1.13"},
+		{"up", "--kubeconfig-out", "k", "--capi-version", "v1.13.6", "--clusters", "2"},
+		{"up", "--kubeconfig-out", "k", "--capi-version", "v1.13.6", "--without-kcp"},
+		{"build-capi"},
+		{"build-capi", "latest"},
+		{"build-capi", "v1.13.6", "v1.14.2"},
 		{"up", "--kubeconfig-out", "k", "--inert-clusters", "-1"},
 		{"up", "--kubeconfig-out", "k", "--inert-clusters", "3", "--inert-machines", "0"},
 		{"up", "--kubeconfig-out", "k", "--inert-clusters", "3", "--inert-machines", "4"},
@@ -76,6 +83,9 @@ func TestUpFlags(t *testing.T) {
 		"--version", "v1.36.3", "--image", "ubuntu-2404-kube-v1.36.3", "--provision-delay", "3s", "--delete-delay", "2s", "--capacity", "6", "--failure-domains", "3", "--workers", "2", "--topology", "--class-versions", "v1.35.2,v1.36.3", "--mhc=false", "--without-kcp"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o, err := parseUp([]string{"--kubeconfig-out", "k", "--capi-version", "v1.13.6"}); err != nil || o.sim.CAPIVersion != "v1.13.6" {
+		t.Fatalf("--capi-version v1.13.6: %+v, %v", o, err)
 	}
 	s := o.sim
 	if o.kubeconfigOut != "k" || s.ClusterName != "c" || s.Namespace != "ns" || s.Replicas != 5 || s.Version != "v1.36.3" || s.Image != "ubuntu-2404-kube-v1.36.3" ||

@@ -116,6 +116,29 @@ func TestRoleOfOneCluster(t *testing.T) {
 	}
 }
 
+// TestKCPControllerDeploymentByName: both ClusterRoles may get the KCP
+// controller's Deployment where clusterctl installs it, the one object
+// status and the rolling verbs read for its version, and no other
+// Deployment, nor list them.
+func TestKCPControllerDeploymentByName(t *testing.T) {
+	for _, u := range Uses {
+		rules := u.ClusterRole().Rules
+		for _, c := range []struct {
+			verb, name string
+			want       bool
+		}{
+			{"get", controlplane.KCPControllerDeployment, true},
+			{"get", "capi-controller-manager", false},
+			{"list", "", false},
+			{"watch", "", false},
+		} {
+			if got := grants(rules, "apps", "deployments", c.verb, c.name); got != c.want {
+				t.Errorf("%s: %s deployments %q: granted %v, want %v", u.Name, c.verb, c.name, got, c.want)
+			}
+		}
+	}
+}
+
 // TestRoleNamesAreChecked: a name that is not one the API server accepts
 // cannot reach the YAML.
 func TestRoleNamesAreChecked(t *testing.T) {

@@ -83,6 +83,10 @@ func TestNeedsNarrowsTheRolesToOneCluster(t *testing.T) {
 			t.Errorf("view needs %q: it reads no Secret", p)
 		}
 	}
+	// status shows the KCP controller's version.
+	if want := "get deployments.apps capi-kubeadm-control-plane-controller-manager in namespace capi-kubeadm-control-plane-system"; !slices.Contains(view, want) {
+		t.Errorf("view needs no %q; it needs:\n%s", want, strings.Join(view, "\n"))
+	}
 }
 
 // TestWorkloadNeedsTheTwoSecrets: reaching the workload cluster is reading

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // isolate points the config file lookup at an empty directory, clears every
@@ -163,13 +165,36 @@ func TestVersion(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.out), &info); err != nil {
 		t.Fatalf("version -o json is not JSON: %v\n%s", err, r.out)
 	}
-	for _, k := range []string{"version", "commit", "buildDate", "goVersion", "platform"} {
+	for _, k := range []string{"version", "commit", "buildDate", "goVersion", "platform", "provenKCP"} {
 		if info[k] == "" {
 			t.Errorf("version -o json lacks %q: %s", k, r.out)
 		}
 	}
 	if r := run(t, "version"); !strings.HasPrefix(r.out, "kubectl-cp_rollout ") {
 		t.Fatalf("version text: %q", r.out)
+	}
+}
+
+// TestVersionNamesTheProvenKCPRange: version says which KCP controllers the
+// build is proven with, from the first to the last of ProvenKCPMinors, in
+// text on a line of its own (the first stays what scripts match) and in
+// JSON.
+func TestVersionNamesTheProvenKCPRange(t *testing.T) {
+	isolate(t)
+	first, last := rollout.ProvenKCPMinors[0], rollout.ProvenKCPMinors[len(rollout.ProvenKCPMinors)-1]
+	want := fmt.Sprintf("v%d.%d.x–v%d.%d.x", first.Major, first.Minor, last.Major, last.Minor)
+
+	r := run(t, "version")
+	lines := strings.Split(strings.TrimSuffix(r.out, "\n"), "\n")
+	if r.err != nil || len(lines) != 2 || !strings.HasPrefix(lines[0], "kubectl-cp_rollout ") ||
+		lines[1] != "proven with Cluster API (KubeadmControlPlane controller) "+want {
+		t.Errorf("version text (%v):\n%s\nwant a second line naming %s", r.err, r.out, want)
+	}
+
+	r = run(t, "version", "-o", "json")
+	var info struct{ ProvenKCP string }
+	if err := json.Unmarshal([]byte(r.out), &info); err != nil || info.ProvenKCP != want {
+		t.Errorf("version -o json (%v): provenKCP %q, want %q\n%s", err, info.ProvenKCP, want, r.out)
 	}
 }
 

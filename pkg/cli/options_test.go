@@ -368,7 +368,7 @@ func TestBadInputRefusedBeforeAnyCluster(t *testing.T) {
 		{[]string{"pause"}, 2, "one argument"},
 		{[]string{"pause", "demo", "--version", to}, 2, "unknown flag: --version"},
 		{[]string{"upgrade", "demo", "--version", to, "--context", "no-such-context"}, 2, "no-such-context"},
-		{[]string{"upgrade", "demo", "--version", to, "--kcp-version", "v1.13.2"}, 3, "supports v1.14.x"},
+		{[]string{"upgrade", "demo", "--version", to, "--kcp-version", "v1.12.4"}, 3, "proven with KCP v1.13.x–v1.14.x"},
 		{[]string{"upgrade", "demo", "--version", to, "--config", badConfig}, 2, "line 2"},
 		{[]string{"upgarde", "demo"}, 2, "unknown command"},
 	} {

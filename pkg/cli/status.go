@@ -10,10 +10,13 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/yaml"
 
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
@@ -40,8 +43,9 @@ func NewCmdStatus(root *RootOptions, runF func(*StatusOptions) error) *cobra.Com
 		Use:   "status (CLUSTER | -l SELECTOR | -A)",
 		Short: "Show a control plane: KCP, lock, machines, etcd members and the next step",
 		Long: `Show the KubeadmControlPlane of CLUSTER (version, replicas, pause and this
-tool's operation record), who holds the lock, the control-plane machines and
-the etcd members, and the step a rollout would take next. Read-only: it takes
+tool's operation record), the KCP controller's version and whether this tool
+is proven with it, who holds the lock, the control-plane machines and the
+etcd members, and the step a rollout would take next. Read-only: it takes
 no lock and works while a rollout runs. An identity that may not read the
 cluster's <cluster>-kubeconfig and <cluster>-etcd Secrets (cp-rollout-view
 alone) sees the management cluster's half, without nodes, etcd members or the
@@ -98,10 +102,57 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if r, ok := engine.ControlPlane.(kcpVersionReader); ok {
+		st.KCPController = kcpController(r.KCPControllerVersion(ctx))
+	}
 	if done, err := o.printData(st); done {
 		return err
 	}
 	return printStatus(o.Streams.Out, st, o.Output == "wide", time.Now())
+}
+
+// kcpVersionReader finds the KCP controller's version; *controlplane.Client,
+// which connect gives every engine, does. It is not part of
+// rollout.ControlPlane: the engine itself never reads it.
+type kcpVersionReader interface {
+	KCPControllerVersion(ctx context.Context) (string, error)
+}
+
+// Without this, a rename would leave status silently without the line.
+var _ kcpVersionReader = (*controlplane.Client)(nil)
+
+// kcpController is what status shows of the KCP controller, whatever the
+// read gave: status refuses nothing, so the version it could not read is
+// only "unknown", and why. The reasons are short: KCPControllerVersion's own
+// words tell a verb that refuses to pass --kcp-version, which status has not.
+func kcpController(version string, err error) *rollout.KCPControllerStatus {
+	switch {
+	case err == nil && version == "":
+		return &rollout.KCPControllerStatus{Error: "its image has no tag"}
+	case err == nil:
+		return &rollout.KCPControllerStatus{Version: version, Proven: rollout.KCPVersionProven(version)}
+	case apierrors.IsForbidden(err):
+		// Without the get the role grants, the preflight has warned of it.
+		return &rollout.KCPControllerStatus{Error: "forbidden"}
+	case exitcode.Of(err) == exitcode.Unsafe:
+		// KCPControllerVersion refuses (exit 3) only when it found no
+		// Deployment running the controller.
+		return &rollout.KCPControllerStatus{Error: "not found"}
+	}
+	return &rollout.KCPControllerStatus{Error: exitcode.Cause(err).Error()}
+}
+
+// kcpControllerLine is the KCP CONTROLLER line's text: the version, and
+// whether the verbs that roll machines will take it.
+func kcpControllerLine(k *rollout.KCPControllerStatus) string {
+	switch {
+	case k.Version == "":
+		return "unknown (" + k.Error + ")"
+	case k.Proven:
+		return fmt.Sprintf("%s (proven: %s)", k.Version, rollout.ProvenKCPRange())
+	}
+	return fmt.Sprintf("%s (not proven: this tool is proven with %s; upgrade, scale, replace, restart and rollout refuse it)",
+		k.Version, rollout.ProvenKCPRange())
 }
 
 // printData prints v as -o json or yaml asks; done is false for the table
@@ -128,6 +179,9 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 	cp := st.ControlPlane
 	fmt.Fprintf(w, "CLUSTER\t%s/%s\n", st.Namespace, st.Cluster)
 	fmt.Fprintf(w, "CONTROL PLANE\t%s  %s  %d replicas  %s\n", cp.Name, cp.Version, cp.Replicas, rollout.PauseState(cp.Paused, st.Operation))
+	if st.KCPController != nil {
+		fmt.Fprintf(w, "KCP CONTROLLER\t%s\n", kcpControllerLine(st.KCPController))
+	}
 	if op := st.Operation; op != nil && cp.PausedByUs {
 		line := op.String()
 		if f := op.LastFailure; f != nil {

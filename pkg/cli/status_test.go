@@ -2,11 +2,19 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
@@ -125,5 +133,66 @@ func TestStatusShowsPause(t *testing.T) {
 		if !strings.Contains(out.String(), tc.want) {
 			t.Errorf("status without %q:\n%s", tc.want, out.String())
 		}
+	}
+}
+
+// TestStatusShowsTheKCPController: the line after CONTROL PLANE gives the KCP
+// controller's version and whether this tool is proven with it, or, when it
+// could not be read, a short reason and nothing of the advice to pass
+// --kcp-version, which status does not take; -o json says the same.
+func TestStatusShowsTheKCPController(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	first, last := rollout.ProvenKCPMinors[0], rollout.ProvenKCPMinors[len(rollout.ProvenKCPMinors)-1]
+	proven := fmt.Sprintf("v%d.%d.6", first.Major, first.Minor)
+	newer := fmt.Sprintf("v%d.%d.0", last.Major, last.Minor+1)
+	provenRange := rollout.ProvenKCPRange()
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Group: "apps", Resource: "deployments"}, controlplane.KCPControllerDeployment, errors.New("RBAC"))
+	for _, tc := range []struct {
+		name     string
+		version  string
+		err      error
+		line     string
+		wantJSON string
+	}{
+		{"proven", proven, nil, proven + " (proven: " + provenRange + ")",
+			`{"version":"` + proven + `","proven":true}`},
+		{"not proven", newer, nil, newer + " (not proven: this tool is proven with " + provenRange + "; upgrade, scale, replace, restart and rollout refuse it)",
+			`{"version":"` + newer + `","proven":false}`},
+		{"get and list refused", "", exitcode.Unsafef("no KCP controller Deployment, and Deployments elsewhere may not be listed (%w): pass --kcp-version", forbidden),
+			"unknown (forbidden)", `{"proven":false,"error":"forbidden"}`},
+		{"not found", "", exitcode.Unsafef("no KubeadmControlPlane controller Deployment found: pass --kcp-version for a custom install"),
+			"unknown (not found)", `{"proven":false,"error":"not found"}`},
+		{"no answer", "", fmt.Errorf("finding the KCP controller: %w", &url.Error{Op: "Get", URL: "https://mgmt:6443/apis/apps/v1", Err: errors.New("connection refused")}),
+			"unknown (connection refused)", `{"proven":false,"error":"connection refused"}`},
+	} {
+		st := &rollout.Status{Cluster: "demo", Namespace: "default", EtcdManaged: true,
+			ControlPlane:  rollout.ControlPlaneStatus{Name: "demo-cp", Version: "v1.36.3", Replicas: 3},
+			KCPController: kcpController(tc.version, tc.err)}
+		var out bytes.Buffer
+		if err := printStatus(&out, st, false, now); err != nil {
+			t.Fatal(err)
+		}
+		want := "CONTROL PLANE   demo-cp  v1.36.3  3 replicas  active\nKCP CONTROLLER  " + tc.line + "\n"
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("%s: status without %q:\n%s", tc.name, want, out.String())
+		}
+		raw, err := json.Marshal(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := `"kcpController":` + tc.wantJSON; !strings.Contains(string(raw), got) {
+			t.Errorf("%s: JSON without %s:\n%s", tc.name, got, raw)
+		}
+	}
+
+	// Not looked for: no line, no field.
+	st := &rollout.Status{Cluster: "demo", Namespace: "default", ControlPlane: rollout.ControlPlaneStatus{Name: "demo-cp"}}
+	var out bytes.Buffer
+	if err := printStatus(&out, st, false, now); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(st)
+	if strings.Contains(out.String(), "KCP CONTROLLER") || strings.Contains(string(raw), "kcpController") {
+		t.Errorf("a KCP controller shown that was not looked for:\n%s\n%s", out.String(), raw)
 	}
 }

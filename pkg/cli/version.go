@@ -9,6 +9,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/version"
+	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // VersionOptions prints the build's identity.
@@ -46,15 +47,27 @@ func (o *VersionOptions) Validate() error {
 	return oneOf("output", o.Output, "text", "json")
 }
 
+// versionInfo is the build's identity and the KCP controllers it is proven
+// with: which Cluster API releases a build may be used with is part of what
+// it is.
+type versionInfo struct {
+	version.Info
+	// ProvenKCP is a string, as every other field, so that the JSON stays
+	// a flat object of strings for whoever reads it as one.
+	ProvenKCP string `json:"provenKCP"`
+}
+
 // Run prints the version to stdout.
 func (o *VersionOptions) Run(context.Context) error {
-	info := version.Get()
+	info := versionInfo{Info: version.Get(), ProvenKCP: rollout.ProvenKCPRange()}
 	if o.Output == "json" {
 		enc := json.NewEncoder(o.Streams.Out)
 		enc.SetIndent("", "  ")
 		return enc.Encode(info)
 	}
-	_, err := fmt.Fprintf(o.Streams.Out, "kubectl-cp_rollout %s (commit %s, built %s, %s %s)\n",
-		info.Version, info.Commit, info.BuildDate, info.GoVersion, info.Platform)
+	// The proven range has a line of its own: scripts match the first
+	// line's "kubectl-cp_rollout VERSION " (hack/release-check.sh).
+	_, err := fmt.Fprintf(o.Streams.Out, "kubectl-cp_rollout %s (commit %s, built %s, %s %s)\nproven with Cluster API (KubeadmControlPlane controller) %s\n",
+		info.Version, info.Commit, info.BuildDate, info.GoVersion, info.Platform, info.ProvenKCP)
 	return err
 }

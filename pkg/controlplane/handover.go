@@ -325,7 +325,7 @@ func (c *Client) KCPControllerVersion(ctx context.Context) (string, error) {
 	deployments := &appsv1.DeploymentList{}
 	if err := c.c.List(ctx, deployments, client.MatchingLabels{clusterv1.ProviderNameLabel: "control-plane-kubeadm"}); err != nil {
 		if apierrors.IsForbidden(err) {
-			return "", exitcode.Unsafef("no KCP controller Deployment %s/%s, and Deployments elsewhere may not be listed (%v): pass --kcp-version",
+			return "", exitcode.Unsafef("no KCP controller Deployment %s/%s, and Deployments elsewhere may not be listed (%w): pass --kcp-version",
 				KCPControllerNamespace, KCPControllerDeployment, err)
 		}
 		return "", fmt.Errorf("finding the KCP controller: %w", err)

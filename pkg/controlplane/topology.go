@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/blang/semver/v4"
@@ -131,7 +133,43 @@ func (c *Client) MachineDeployments(ctx context.Context) ([]clusterv1.MachineDep
 	if err := c.c.List(ctx, list, client.InNamespace(c.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: c.Cluster}); err != nil {
 		return nil, fmt.Errorf("listing the MachineDeployments of %s/%s: %w", c.Namespace, c.Cluster, err)
 	}
+	if !slices.ContainsFunc(list.Items, func(md clusterv1.MachineDeployment) bool {
+		return len(md.Status.Versions) == 0 && ptr.Deref(md.Spec.Replicas, 0) > 0
+	}) {
+		return list.Items, nil
+	}
+	// Cluster API v1.13's MachineDeployment controller writes no
+	// status.versions (v1.14 added it), and its upToDateReplicas still counts
+	// the old machines for a moment after the spec changes. The versions are
+	// then counted from the machines themselves, deleting ones included, as
+	// v1.14's MachineSet controller counts them, so that every release's
+	// workers are judged alike (rollout.WorkersBehind).
+	machines := &clusterv1.MachineList{}
+	if err := c.c.List(ctx, machines, client.InNamespace(c.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: c.Cluster}, client.HasLabels{clusterv1.MachineDeploymentNameLabel}); err != nil {
+		return nil, fmt.Errorf("listing the worker machines of %s/%s: %w", c.Namespace, c.Cluster, err)
+	}
+	for i := range list.Items {
+		if md := &list.Items[i]; len(md.Status.Versions) == 0 {
+			md.Status.Versions = machineVersions(machines.Items, md.Name)
+		}
+	}
 	return list.Items, nil
+}
+
+// machineVersions counts the machines of MachineDeployment md by version, sorted
+// by version.
+func machineVersions(machines []clusterv1.Machine, md string) []clusterv1.StatusVersion {
+	count := map[string]int32{}
+	for _, m := range machines {
+		if m.Labels[clusterv1.MachineDeploymentNameLabel] == md {
+			count[m.Spec.Version]++
+		}
+	}
+	var out []clusterv1.StatusVersion
+	for _, v := range slices.Sorted(maps.Keys(count)) {
+		out = append(out, clusterv1.StatusVersion{Version: v, Replicas: count[v]})
+	}
+	return out
 }
 
 // ClassUpgradePlan is the control-plane upgrade plan Cluster API's topology

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/exp/topology/desiredstate"
 )
 
@@ -33,5 +34,24 @@ func TestClassPlanIsClusterAPIs(t *testing.T) {
 	}
 	if got, err := classPlan(nil, "v1.34.3", "v1.36.3"); got != nil || err != nil {
 		t.Fatalf("no declared versions: %v, %v; want no plan", got, err)
+	}
+}
+
+// TestMachineVersions counts a MachineDeployment's machines by version, as
+// v1.14's status.versions does, for a controller that does not write it.
+func TestMachineVersions(t *testing.T) {
+	machine := func(md, version string) clusterv1.Machine {
+		m := clusterv1.Machine{}
+		m.Labels = map[string]string{clusterv1.MachineDeploymentNameLabel: md}
+		m.Spec.Version = version
+		return m
+	}
+	machines := []clusterv1.Machine{machine("md-0", "v1.36.3"), machine("md-0", "v1.35.2"), machine("md-1", "v1.35.2"), machine("md-0", "v1.36.3")}
+	got := fmt.Sprint(machineVersions(machines, "md-0"))
+	if want := "[{v1.35.2 1} {v1.36.3 2}]"; got != want {
+		t.Errorf("md-0's machines by version: %s, want %s", got, want)
+	}
+	if got := machineVersions(machines, "md-2"); got != nil {
+		t.Errorf("a MachineDeployment without machines: %v, want none", got)
 	}
 }

@@ -93,6 +93,9 @@ func (s *Sim) startCAPI(startCtx, runCtx context.Context) error {
 	if s.opts.Management != nil {
 		return nil
 	}
+	if s.opts.release != nil {
+		return s.startRelease(startCtx, runCtx)
+	}
 	managers, names, shutdowns, err := capiManagers(runCtx, s.mgmtConfig, &s.mgmtEnv.WebhookInstallOptions, s.opts.Log, !s.opts.WithoutKCP)
 	s.shutdowns = append(s.shutdowns, shutdowns...)
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -65,7 +67,7 @@ func StartManagement(ctx context.Context, assetsDir string, log logr.Logger) (_ 
 	if err != nil {
 		return nil, err
 	}
-	if m.env, err = managementEnvironment(apiServerBin, etcdBin, assetsDir); err != nil {
+	if m.env, err = managementEnvironment(apiServerBin, etcdBin, assetsDir, nil); err != nil {
 		return nil, err
 	}
 	var startErr error
@@ -131,14 +133,26 @@ func (m *Management) Stop() error {
 // etcd, Cluster API's CRDs with the generic infrastructure provider's, and
 // Cluster API's admission webhook configurations, which envtest points at a
 // local server with a certificate of its own (the core manager serves it).
-func managementEnvironment(apiServerBin, etcdBin, assetsDir string) (*envtest.Environment, error) {
-	crdList, err := manifests.ManagementCRDs()
-	if err != nil {
-		return nil, err
-	}
-	mutating, validating, err := manifests.Webhooks()
-	if err != nil {
-		return nil, err
+func managementEnvironment(apiServerBin, etcdBin, assetsDir string, release *Release) (*envtest.Environment, error) {
+	var crdList []*apiextensionsv1.CustomResourceDefinition
+	var mutating []*admissionv1.MutatingWebhookConfiguration
+	var validating []*admissionv1.ValidatingWebhookConfiguration
+	var err error
+	if release != nil {
+		// The release's webhook configurations are installed once its
+		// managers have ports (startRelease); envtest only issues the
+		// serving certificate they share.
+		if crdList, err = release.CRDs(); err != nil {
+			return nil, err
+		}
+		crdList = append(crdList, manifests.InfrastructureCRDs()...)
+	} else {
+		if crdList, err = manifests.ManagementCRDs(); err != nil {
+			return nil, err
+		}
+		if mutating, validating, err = manifests.Webhooks(); err != nil {
+			return nil, err
+		}
 	}
 	return &envtest.Environment{
 		ControlPlane:          envtest.ControlPlane{APIServer: &envtest.APIServer{Path: apiServerBin}, Etcd: &envtest.Etcd{Path: etcdBin}},

@@ -33,12 +33,12 @@ const (
 	// that Deployment to learn which KCP version runs.
 	KCPControllerNamespace  = "capi-kubeadm-control-plane-system"
 	KCPControllerDeployment = "capi-kubeadm-control-plane-controller-manager"
-	// KCPControllerImage is the image of the KCP controller that runs in-process.
-	KCPControllerImage = "registry.k8s.io/cluster-api/kubeadm-control-plane-controller:v1.14.2"
+	// inProcessCAPIVersion is the Cluster API release whose controllers run
+	// in-process: the one this module links.
+	inProcessCAPIVersion = "v1.14.2"
 
 	coreControllerNamespace  = "capi-system"
 	coreControllerDeployment = "capi-controller-manager"
-	coreControllerImage      = "registry.k8s.io/cluster-api/cluster-api-controller:v1.14.2"
 )
 
 // infraTemplateName names the control plane's infrastructure machine
@@ -360,8 +360,8 @@ func (s *Sim) createProviderDeployments(ctx context.Context) error {
 		namespace, name, provider, image string
 		replicas                         int32
 	}{
-		{coreControllerNamespace, coreControllerDeployment, "cluster-api", coreControllerImage, 1},
-		{KCPControllerNamespace, KCPControllerDeployment, "control-plane-kubeadm", KCPControllerImage, kcpReplicas},
+		{coreControllerNamespace, coreControllerDeployment, "cluster-api", "registry.k8s.io/cluster-api/cluster-api-controller:" + s.CAPIVersion(), 1},
+		{KCPControllerNamespace, KCPControllerDeployment, "control-plane-kubeadm", "registry.k8s.io/cluster-api/kubeadm-control-plane-controller:" + s.CAPIVersion(), kcpReplicas},
 	} {
 		if err := ensureNamespace(ctx, s.mgmt, d.namespace); err != nil {
 			return err

@@ -108,6 +108,16 @@ type Options struct {
 	// simulator's own.
 	Management *Management
 
+	// CAPIVersion, when set, runs that Cluster API release's own controller
+	// binaries (core, kubeadm bootstrap, kubeadm control plane) as
+	// processes, with its CRDs and webhooks, instead of Cluster API v1.14.2's
+	// controllers in-process; the first start builds them (BuildRelease).
+	// It needs a management cluster of the simulator's own and the KCP
+	// controller.
+	CAPIVersion string
+	// release is CAPIVersion's, once built.
+	release *Release
+
 	// AssetsDir holds kube-apiserver and etcd; default AssetsDir().
 	AssetsDir string
 	// Log receives the controllers' logs; default discards them.
@@ -157,6 +167,13 @@ func (o *Options) defaults() error {
 		return errors.New("a topology cluster needs the KCP controller")
 	case o.Management != nil && o.WithoutKCP:
 		return errors.New("leaving the KCP controller out needs a management cluster of the simulator's own")
+	case o.CAPIVersion != "" && (o.Management != nil || o.WithoutKCP):
+		return errors.New("a Cluster API release's binaries run on a management cluster of the simulator's own, KCP included")
+	}
+	if o.CAPIVersion != "" {
+		if _, err := releaseMinor(o.CAPIVersion); err != nil {
+			return err
+		}
 	}
 	if o.AssetsDir == "" {
 		dir, err := AssetsDir()
@@ -232,6 +249,11 @@ func Start(ctx context.Context, opts Options) (_ *Sim, err error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
+	if opts.CAPIVersion != "" {
+		if opts.release, err = BuildRelease(ctx, opts.CAPIVersion, logWriter{opts.Log.WithName("build")}); err != nil {
+			return nil, err
+		}
+	}
 	s := &Sim{opts: opts}
 	defer func() {
 		if err != nil {
@@ -294,7 +316,7 @@ func (s *Sim) startClusters(ctx context.Context) error {
 	}
 	if shared := s.opts.Management; shared != nil {
 		s.mgmtConfig, s.mgmtKubeconfig = shared.config, shared.env.KubeConfig
-	} else if s.mgmtEnv, err = managementEnvironment(apiServerBin, etcdBin, s.opts.AssetsDir); err != nil {
+	} else if s.mgmtEnv, err = managementEnvironment(apiServerBin, etcdBin, s.opts.AssetsDir, s.opts.release); err != nil {
 		return err
 	}
 	s.workloadEnv = &envtest.Environment{

@@ -86,18 +86,7 @@ func TestClusterClassUpgradeThroughTwoMinors(t *testing.T) {
 		if last := evs[len(evs)-2]; last["action"] != "await-workers" || last["phase"] != "done" {
 			t.Errorf("next to last event %v, want the workers' upgrade done", last)
 		}
-		workers, err := e.Sim.Workers(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, w := range workers {
-			if w.Spec.Version != to || !w.DeletionTimestamp.IsZero() {
-				t.Errorf("at exit worker %s is at %s (deleting %v), want every worker at %s", w.Name, w.Spec.Version, !w.DeletionTimestamp.IsZero(), to)
-			}
-		}
-		if len(workers) != 2 {
-			t.Errorf("%d workers at exit, want 2", len(workers))
-		}
+		assertWorkersAt(t, ctx, e, 2, to)
 		assertConverged(t, e, 3, to)
 		assertKCPIdle(t, e)
 		assertTopologySettled(t, e)
@@ -187,6 +176,24 @@ func machineSet(t *testing.T, e *env) map[string]bool {
 // assertTopologySettled waits until the topology controller reports the
 // Cluster reconciled with nothing pending: control plane and workers at the
 // topology's version.
+// assertWorkersAt checks, when the run has exited, that every worker machine
+// runs version and none is deleting: --wait-workers waited for that.
+func assertWorkersAt(t *testing.T, ctx context.Context, e *env, replicas int, version string) {
+	t.Helper()
+	workers, err := e.Sim.Workers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range workers {
+		if w.Spec.Version != version || !w.DeletionTimestamp.IsZero() {
+			t.Errorf("at exit worker %s is at %s (deleting %v), want every worker at %s", w.Name, w.Spec.Version, !w.DeletionTimestamp.IsZero(), version)
+		}
+	}
+	if len(workers) != replicas {
+		t.Errorf("%d workers at exit, want %d", len(workers), replicas)
+	}
+}
+
 func assertTopologySettled(t *testing.T, e *env) {
 	t.Helper()
 	simtest.Eventually(t, 2*time.Minute, "the Cluster's topology reconciled", func(ctx context.Context) (bool, string, error) {

@@ -432,6 +432,12 @@ func orphans(t *testing.T, e *env) []string {
 // the watch would have to outlast every requeue of KCP's preflight checks.
 func assertKCPIdle(t *testing.T, e *env) {
 	t.Helper()
+	assertKCPIdleFor(t, e, 10*time.Second)
+}
+
+// assertKCPIdleFor is assertKCPIdle watching the machines for quiet.
+func assertKCPIdleFor(t *testing.T, e *env, quiet time.Duration) {
+	t.Helper()
 	simtest.Eventually(t, 2*time.Minute, "KCP reconciled after the hand-back with nothing to do", func(ctx context.Context) (bool, string, error) {
 		kcp := &controlplanev1.KubeadmControlPlane{}
 		if err := e.Sim.ManagementClient().Get(ctx, e.Sim.KCPKey(), kcp); err != nil {
@@ -458,7 +464,7 @@ func assertKCPIdle(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+	for deadline := time.Now().Add(quiet); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		now, err := e.Sim.Machines(ctx)
 		if err == nil && (names(now) != names(before)) {
 			t.Fatalf("KCP changed machines after hand-back: %s -> %s", names(before), names(now))

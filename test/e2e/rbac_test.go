@@ -115,7 +115,6 @@ func TestLeastPrivilege(t *testing.T) {
 		"cannot create machines.cluster.x-k8s.io in namespace default",
 		"cannot delete genericinfrastructuremachines.infrastructure.cluster.x-k8s.io in namespace default",
 		"cannot update leases.coordination.k8s.io cp-rollout-demo in namespace default",
-		"cannot get deployments.apps capi-kubeadm-control-plane-controller-manager in namespace capi-kubeadm-control-plane-system",
 		"cannot get secrets demo-kubeconfig in namespace default",
 	} {
 		if !strings.Contains(r.Stderr, want) {

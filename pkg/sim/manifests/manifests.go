@@ -50,12 +50,18 @@ func ManagementCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(list,
+	return append(list, InfrastructureCRDs()...), nil
+}
+
+// InfrastructureCRDs returns copies of the generic infrastructure provider's
+// cluster, machine and template CRDs, which the simulated provider serves.
+func InfrastructureCRDs() []*apiextensionsv1.CustomResourceDefinition {
+	return []*apiextensionsv1.CustomResourceDefinition{
 		builder.GenericInfrastructureClusterCRD.DeepCopy(),
 		builder.GenericInfrastructureClusterTemplateCRD.DeepCopy(),
 		builder.GenericInfrastructureMachineCRD.DeepCopy(),
 		builder.GenericInfrastructureMachineTemplateCRD.DeepCopy(),
-	), nil
+	}
 }
 
 // Webhooks returns the core, kubeadm bootstrap and kubeadm control plane

@@ -112,11 +112,12 @@ func teardown() {
 // the test ends. Its Cluster lives in a namespace of its own on the test
 // binary's shared management cluster (see management), whose controllers
 // serve every simulator on it, unless the test needs one of its own: for an
-// audit log of its own, or to run without the KCP controller. Missing
+// audit log of its own, to run without the KCP controller, or to run a
+// Cluster API release's own binaries (Options.CAPIVersion). Missing
 // binaries fail the test: a skipped simulator proves nothing.
 func Start(t testing.TB, opts sim.Options) *Env {
 	t.Helper()
-	return startFor(t, opts, opts.AuditLog == "" && !opts.WithoutKCP)
+	return startFor(t, opts, opts.AuditLog == "" && !opts.WithoutKCP && opts.CAPIVersion == "")
 }
 
 // StartOwn is Start with a management cluster of the simulator's own, for a
