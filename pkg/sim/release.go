@@ -137,12 +137,15 @@ func BuildRelease(ctx context.Context, version string, progress io.Writer) (*Rel
 		// Build into a temporary name and rename, so an interrupted or
 		// concurrent build never leaves a truncated binary behind.
 		tmp := filepath.Join(dir, fmt.Sprintf(".%s-manager.%d", p.name, os.Getpid()))
+		var out bytes.Buffer
 		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", ldflags, "-o", tmp, pkg)
-		cmd.Dir, cmd.Stdout, cmd.Stderr = mod, progress, progress
+		cmd.Dir = mod
+		cmd.Stdout, cmd.Stderr = progress, io.MultiWriter(progress, &out)
 		cmd.Env = append(os.Environ(), "GOTOOLCHAIN=local", "GOFLAGS=-mod=mod")
 		if err := cmd.Run(); err != nil {
 			_ = os.Remove(tmp)
-			return nil, fmt.Errorf("building %s of sigs.k8s.io/cluster-api@%s (a module the proxy does not serve is named above): %w", pkg, version, err)
+			// go names the module it could not download in its last lines.
+			return nil, fmt.Errorf("building %s of sigs.k8s.io/cluster-api@%s: %w: %s", pkg, version, err, lastLines(out.String(), 3))
 		}
 		if err := os.Rename(tmp, bin); err != nil {
 			return nil, err
@@ -152,6 +155,12 @@ func BuildRelease(ctx context.Context, version string, progress io.Writer) (*Rel
 		return nil, err
 	}
 	return r, nil
+}
+
+// lastLines is the last n lines of s, joined by "; ".
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "; ")
 }
 
 func (r *Release) complete(minor int) bool {
@@ -181,7 +190,7 @@ func downloadModule(ctx context.Context, module string) (string, error) {
 	out, err := cmd.Output()
 	var info struct{ Dir, Error string }
 	if jsonErr := json.Unmarshal(out, &info); jsonErr == nil && info.Error != "" {
-		return "", fmt.Errorf("the Go module proxy does not serve %s: %s", module, info.Error)
+		return "", fmt.Errorf("the Go module proxy does not serve %s: %s", module, strings.Join(strings.Fields(info.Error), " "))
 	}
 	if err != nil || info.Dir == "" {
 		return "", fmt.Errorf("downloading %s: %v: %s", module, err, strings.TrimSpace(stderr.String()))
