@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
-	"github.com/cp-rollout/cp-rollout/deploy/rbac"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
 	"github.com/cp-rollout/cp-rollout/rollout"
@@ -78,7 +77,9 @@ func (o *changeOptions) validate() error {
 		return err
 	}
 	if o.DryRun {
-		return nil // a plan neither looks at the KCP controller nor changes anything to confirm
+		// A plan changes nothing to confirm, and says after itself that
+		// the run would refuse an unproven --kcp-version (runChecks).
+		return nil
 	}
 	if err := o.validateKCPVersion(); err != nil {
 		return err
@@ -117,7 +118,7 @@ func (o *changeOptions) runOne(ctx context.Context, reporter progress.Reporter) 
 // rollout loop until the control plane matches it, all within runCtx. What
 // follows a failure is done within ctx: runCtx may be what --timeout ended.
 func (o *changeOptions) converge(ctx, runCtx context.Context, reporter progress.Reporter) error {
-	engine, closeEngine, err := o.connect(runCtx, engineUse{loop: true, reporter: reporter, timeouts: o.Timeouts, access: &rbac.Operate})
+	engine, closeEngine, err := o.connect(runCtx, loopUse(reporter, o.Timeouts))
 	if err != nil {
 		return stopCause(runCtx, err)
 	}

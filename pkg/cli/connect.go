@@ -179,8 +179,8 @@ func directDialer(endpointTemplate string) (etcd.Dialer, error) {
 }
 
 // validateKCPVersion refuses an override naming an unsupported controller
-// before any cluster is read; connect checks the version it uses again, as it
-// does a detected one.
+// before any cluster is read; runChecks checks it again, first, so that plan
+// says the run would refuse it.
 func (c *connection) validateKCPVersion() error {
 	if c.KCPVersion == "" {
 		return nil
@@ -188,10 +188,37 @@ func (c *connection) validateKCPVersion() error {
 	return rollout.CheckKCPVersion(c.KCPVersion)
 }
 
+// runChecks are the checks a run that changes the control plane makes once it
+// has read it and before it locks or writes anything, the guards aside
+// (Prepare applies those): an unproven --kcp-version, which the run's Validate
+// refuses before any read; every permission of the operate roles (exit 6,
+// each missing one named); then the KCP controller's version, as its
+// Deployment says unless --kcp-version names it (exit 3 unless proven: the
+// loop creates machines as that version of KCP would). connect refuses a run
+// on them, and plan (and --dry-run) reports what they would refuse: one
+// function, so that a plan cannot promise a run these checks would stop.
+func (c *connection) runChecks(ctx context.Context, cp *controlplane.Client, kcp *controlplanev1.KubeadmControlPlane) error {
+	if err := c.validateKCPVersion(); err != nil {
+		return err
+	}
+	if _, err := c.preflight(ctx, cp.Kube(), loopUse(nil, rollout.DefaultTimeouts), kcp); err != nil {
+		return err
+	}
+	if c.KCPVersion != "" {
+		return nil // proven, above
+	}
+	version, err := cp.KCPControllerVersion(ctx)
+	if err != nil {
+		return err
+	}
+	return rollout.CheckKCPVersion(version)
+}
+
 // engineUse says what a verb will do with the engine. A verb that runs the
-// rollout loop also has the KCP controller's version checked (the loop creates
-// machines as that version of KCP would) and the watches started that the loop
-// waits on; plan, status and handback need neither.
+// rollout loop is refused on runChecks (the operate roles' permissions, the
+// KCP controller's version) and has the watches started that the loop waits
+// on; plan makes runChecks itself, to report rather than refuse, and status
+// and handback need neither.
 type engineUse struct {
 	loop     bool
 	reporter progress.Reporter
@@ -211,6 +238,13 @@ type engineUse struct {
 	// reach (its Secret refused or missing) is a warning, not a refusal, so
 	// that handback works on the clusters that need it most.
 	handback bool
+}
+
+// loopUse is for the verbs that run the rollout loop (upgrade, scale,
+// replace, rollout, restart): every permission of the operate roles is
+// checked first, a missing one a refusal (see runChecks).
+func loopUse(reporter progress.Reporter, timeouts rollout.Timeouts) engineUse {
+	return engineUse{loop: true, reporter: reporter, timeouts: timeouts, access: &rbac.Operate}
 }
 
 // noLoop is for reads that need no preflight of their own (status -A --etcd
@@ -234,7 +268,9 @@ func pauseUse(reporter progress.Reporter, warnings io.Writer) engineUse {
 
 // readOnly is for plan and every --dry-run, which change nothing: they warn
 // of what they may not read on the management cluster, and refuse without
-// the workload cluster, as their steps depend on its etcd's health.
+// the workload cluster, as their steps depend on its etcd's health. What the
+// run would need beyond that, plan checks apart (runChecks), after connecting,
+// as a prediction rather than its own refusal.
 func readOnly(warnings io.Writer) engineUse {
 	return engineUse{timeouts: rollout.DefaultTimeouts, access: &rbac.View, warnings: warnings}
 }
@@ -285,21 +321,16 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 		}
 		return nil, nil, err
 	}
-	reachWorkload, err := c.preflight(ctx, mgmt, use, state.KCP)
+	// A run that passes its checks may read the workload cluster's Secrets,
+	// which are among the operate roles' permissions.
+	reachWorkload := true
+	if use.loop {
+		err = c.runChecks(ctx, cp, state.KCP)
+	} else {
+		reachWorkload, err = c.preflight(ctx, mgmt, use, state.KCP)
+	}
 	if err != nil {
 		return nil, nil, err
-	}
-
-	if use.loop {
-		version := c.KCPVersion
-		if version == "" {
-			if version, err = cp.KCPControllerVersion(ctx); err != nil {
-				return nil, nil, err
-			}
-		}
-		if err := rollout.CheckKCPVersion(version); err != nil {
-			return nil, nil, err
-		}
 	}
 
 	engine := &rollout.Engine{ControlPlane: cp, Reporter: use.reporter, Timeouts: use.timeouts, Connected: state,

@@ -10,34 +10,114 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // authorizer answers the preflight's reviews as an API server would for an
 // identity that may do everything but read Secrets (when secrets is false).
 func authorizer(secrets bool) client.Client {
-	return fake.NewClientBuilder().WithScheme(controlplane.Scheme()).WithInterceptorFuncs(interceptor.Funcs{
+	return authorizerFor(func(a *authorizationv1.ResourceAttributes) bool { return secrets || a.Resource != "secrets" })
+}
+
+// authorizerFor answers the preflight's reviews as an API server would for
+// the identity "oncall", which may do what allowed says, and serves objs.
+func authorizerFor(allowed func(*authorizationv1.ResourceAttributes) bool, objs ...client.Object) client.Client {
+	return fake.NewClientBuilder().WithScheme(controlplane.Scheme()).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
 		Create: func(_ context.Context, _ client.WithWatch, obj client.Object, _ ...client.CreateOption) error {
 			switch review := obj.(type) {
 			case *authorizationv1.SelfSubjectRulesReview:
 				return errors.New("rules reviews are not served here: each permission is asked on its own")
 			case *authorizationv1.SelfSubjectAccessReview:
-				review.Status.Allowed = secrets || review.Spec.ResourceAttributes.Resource != "secrets"
+				review.Status.Allowed = allowed(review.Spec.ResourceAttributes)
 			case *authenticationv1.SelfSubjectReview:
 				review.Status.UserInfo.Username = "oncall"
 			}
 			return nil
 		},
 	}).Build()
+}
+
+// anything and readOnlyAccess are identities for authorizerFor: one that may
+// do everything, and one that may only read (cp-rollout-view and the
+// cluster's Secrets, say), which a run refuses.
+func anything(*authorizationv1.ResourceAttributes) bool { return true }
+func readOnlyAccess(a *authorizationv1.ResourceAttributes) bool {
+	return a.Verb == "get" || a.Verb == "list" || a.Verb == "watch"
+}
+
+// kcpControllerAt is the KCP controller's Deployment as clusterctl installs
+// it, running version.
+func kcpControllerAt(version string) *appsv1.Deployment {
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: controlplane.KCPControllerNamespace, Name: controlplane.KCPControllerDeployment},
+		Spec: appsv1.DeploymentSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "manager", Image: "registry.k8s.io/cluster-api/kubeadm-control-plane-controller:" + version}}}}},
+	}
+}
+
+// TestRunChecks: what a run checks after its first read and before anything
+// is locked or written, which connect refuses a run on and plan reports. An
+// unproven --kcp-version is refused first, before any permission is asked,
+// as the run's Validate refuses it before any read; then the operate roles'
+// permissions, each missing one named; then the KCP controller's version as
+// its Deployment says, which a proven --kcp-version spares.
+func TestRunChecks(t *testing.T) {
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	for _, tc := range []struct {
+		name       string
+		kcpVersion string
+		allowed    func(*authorizationv1.ResourceAttributes) bool
+		objs       []client.Object
+		code       int
+		says       []string
+	}{
+		{name: "proven controller, every permission", allowed: anything, objs: []client.Object{kcpControllerAt("v1.14.2")}},
+		{name: "proven --kcp-version, no Deployment to read", kcpVersion: "v1.13.6",
+			allowed: func(a *authorizationv1.ResourceAttributes) bool { return a.Resource != "deployments" }},
+		{name: "unproven --kcp-version", kcpVersion: "v1.12.4", allowed: anything, objs: []client.Object{kcpControllerAt("v1.14.2")},
+			code: exitcode.Unsafe, says: []string{"KCP controller is v1.12.4", "proven with KCP " + rollout.ProvenKCPRange()}},
+		{name: "unproven --kcp-version before the permissions", kcpVersion: "v1.12.4", allowed: readOnlyAccess,
+			code: exitcode.Unsafe, says: []string{"KCP controller is v1.12.4"}},
+		{name: "unproven controller", allowed: anything, objs: []client.Object{kcpControllerAt("v1.15.0")},
+			code: exitcode.Unsafe, says: []string{"KCP controller is v1.15.0", "name a proven version with --kcp-version"}},
+		{name: "no controller found", allowed: anything,
+			code: exitcode.Unsafe, says: []string{"no KubeadmControlPlane controller Deployment", "pass --kcp-version"}},
+		{name: "read-only identity", allowed: readOnlyAccess, objs: []client.Object{kcpControllerAt("v1.14.2")},
+			code: exitcode.Forbidden, says: []string{
+				"oncall lacks", "that a rollout needs on the management cluster",
+				"cannot patch kubeadmcontrolplanes.controlplane.cluster.x-k8s.io in namespace capi-prod",
+				"cannot update leases.coordination.k8s.io cp-rollout-eu1 in namespace capi-prod",
+				"Role cp-rollout-operate-eu1",
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &connection{Namespace: "capi-prod", Cluster: "eu1", KCPVersion: tc.kcpVersion}
+			err := c.runChecks(context.Background(), controlplane.New(authorizerFor(tc.allowed, tc.objs...), c.Namespace, c.Cluster), kcp)
+			if got := exitcode.Of(err); got != tc.code {
+				t.Fatalf("exit %d (%v), want %d", got, err, tc.code)
+			}
+			for _, s := range tc.says {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("the refusal does not say %q:\n%v", s, err)
+				}
+			}
+		})
+	}
 }
 
 // TestPreflightWithoutTheSecrets: an identity that may read everything on

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
 	"github.com/cp-rollout/cp-rollout/rollout"
@@ -95,23 +96,49 @@ func (o *requestOptions) printPlans(ctx context.Context) (pending bool, err erro
 	return pending, err
 }
 
-// printPlan prints the plan for the request and reports whether it has steps.
+// printPlan prints the plan for the request and reports whether it has
+// steps. It also makes the checks the run makes before it locks or writes
+// anything (runChecks), as the run makes them, so that the plan's outcome is
+// the run's.
 func (o *requestOptions) printPlan(ctx context.Context) (pending bool, err error) {
 	engine, closeEngine, err := o.connect(ctx, readOnly(o.Streams.ErrOut))
 	if err != nil {
 		return false, err
 	}
 	defer closeEngine()
+	// connect gives every engine its *controlplane.Client and the control
+	// plane it read, which Prepare below takes.
+	refusal := o.runChecks(ctx, engine.ControlPlane.(*controlplane.Client), engine.Connected.KCP)
 	prepared, err := engine.Prepare(ctx, o.Request)
-	if err != nil {
-		return false, err
-	}
 	var hops [][]rollout.Step
-	if prepared.NothingToDo == "" {
+	if err == nil && prepared.NothingToDo == "" {
 		hops = rollout.PlanHops(ctx, prepared)
+	}
+	return o.showPlan(prepared, hops, err, refusal)
+}
+
+// showPlan prints the plan Prepare and PlanHops made, or the error that kept
+// Prepare from making one (planErr), and reports whether it has steps. An
+// error of runChecks (refusal) comes first, as in the run, which stops there
+// before Prepare's checks or any step: the plan is still printed, and the
+// error keeps its exit code with or without --exit-code, as a refusal among
+// the steps does; when there is no plan, a warning says why. With -o json
+// the plan stays one object on stdout, and main ends stdout with the
+// error's.
+func (o *requestOptions) showPlan(prepared *rollout.Prepared, hops [][]rollout.Step, planErr, refusal error) (pending bool, err error) {
+	refusal = wouldRefuse(refusal)
+	switch {
+	case planErr != nil && refusal != nil:
+		fmt.Fprintf(o.Streams.ErrOut, "warning: no plan: %v\n", planErr)
+		return false, refusal
+	case planErr != nil:
+		return false, planErr
 	}
 	if err := printPlan(o.Streams.Out, o.Output, o.Request, prepared, hops); err != nil {
 		return false, err
+	}
+	if refusal != nil {
+		return false, refusal
 	}
 	for _, steps := range hops {
 		for _, s := range steps {
@@ -122,6 +149,18 @@ func (o *requestOptions) printPlan(ctx context.Context) (pending bool, err error
 		pending = pending || len(steps) > 0
 	}
 	return pending, nil
+}
+
+// wouldRefuse says that err, a refusal of runChecks (exit 3 or 6), is the
+// run's and not the plan's: the plan itself needs neither the operate roles
+// nor a proven KCP controller. Any other error kept a check from being made
+// (a request that failed) and stays as it is.
+func wouldRefuse(err error) error {
+	switch code := exitcode.Of(err); code {
+	case exitcode.Unsafe, exitcode.Forbidden:
+		return exitcode.New(code, fmt.Errorf("the run would refuse: %w", err))
+	}
+	return err
 }
 
 // PlanOptions shows the steps a change would take, changing nothing.
@@ -163,7 +202,17 @@ take on CLUSTER now, each with its reason, as the rollout loop itself would
 decide them. Nothing is changed and no lock is taken. Those verbs with --dry-run
 print the same plan. With -l/-A, each matching cluster's plan is printed in turn.
 A plan depends on etcd's health and the nodes: without read access to the
-cluster's two Secrets (see "kubectl cp-rollout rbac") it is refused, exit 6.`,
+cluster's two Secrets (see "kubectl cp-rollout rbac") it is refused, exit 6.
+
+The plan also makes the checks the run makes before it changes anything: every
+permission of the operate roles, and the KCP controller's version (detected,
+or --kcp-version). When one of them would refuse the run, the plan is still
+printed, and the command fails as the run would, with "the run would refuse:"
+and the run's own reason: exit 6 for a missing permission, each named; exit 3
+for a KCP controller this tool is not proven with. It fails so with or without
+--exit-code, as it does for a step the run would refuse: an error the run
+would meet is not a plan to follow. So with --exit-code, 10 means the run would
+start and take steps, 0 that it would find nothing to do.`,
 		Example: `  kubectl cp-rollout plan prod-eu1 --version v1.36.3
   kubectl cp-rollout plan prod-eu1 --replicas 5 -o json
   kubectl cp-rollout plan prod-eu1 --rollout --certificates-expiring-within 30d
@@ -186,7 +235,7 @@ cluster's two Secrets (see "kubectl cp-rollout rbac") it is refused, exit 6.`,
 	f.StringVar(&o.expiring, "certificates-expiring-within", "", "With --rollout: also the machines whose certificates expire within this time, in whole days (30d, 720h)")
 	f.BoolVar(&o.restart, "restart", false, "Plan the replacement of every machine")
 	f.BoolVar(&o.Request.ReplaceUnhealthy, "replace-unhealthy", false, "With --version or --replicas: plan the broken machines' replacement first, as the run with --replace-unhealthy would")
-	f.BoolVar(&o.ExitCode, "exit-code", false, fmt.Sprintf("Exit %d when steps are pending, 0 when there is nothing to do", PendingExitCode))
+	f.BoolVar(&o.ExitCode, "exit-code", false, fmt.Sprintf("Exit %d when steps are pending, 0 when there is nothing to do (a refusal the run would meet keeps its own code)", PendingExitCode))
 	f.Bool("dry-run", false, "")
 	f.String("on-failure", onFailureStay, "")
 	for _, name := range []string{"timeout", "provision-timeout", "health-timeout", "delete-timeout", "settle", "dry-run", "on-failure"} {
@@ -248,7 +297,13 @@ func (o *PlanOptions) Validate() error {
 
 // Run prints the plan to stdout.
 func (o *PlanOptions) Run(ctx context.Context) error {
-	pending, err := o.printPlans(ctx)
+	return o.outcome(o.printPlans(ctx))
+}
+
+// outcome is what a plan exits with: with --exit-code, PendingExitCode for
+// pending steps; an error keeps its own code with or without --exit-code, as
+// the run would meet it.
+func (o *PlanOptions) outcome(pending bool, err error) error {
 	if err == nil && pending && o.ExitCode {
 		return exitcode.New(PendingExitCode, errPending)
 	}
