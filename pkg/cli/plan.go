@@ -62,6 +62,9 @@ func (o *requestOptions) validate() error {
 	if err := oneOf("output", o.Output, "text", "json"); err != nil {
 		return err
 	}
+	if err := o.checkKCPVersionFlag(); err != nil {
+		return err
+	}
 	return o.validateEtcdEndpoint()
 }
 
@@ -140,14 +143,11 @@ type PlanOptions struct {
 	restart  bool
 	expiring string // --certificates-expiring-within, with --rollout
 	targets  int    // how many of those flags were given
-	// The run flags of the changing verbs are accepted so a command line
-	// can swap its verb for plan, and checked, but a plan waits for nothing.
-	ignored waitLimits
 }
 
 // NewPlanOptions returns the plan verb's defaults.
 func NewPlanOptions(streams genericiooptions.IOStreams) *PlanOptions {
-	return &PlanOptions{requestOptions: newRequestOptions(streams, ""), ignored: newWaitLimits()}
+	return &PlanOptions{requestOptions: newRequestOptions(streams, "")}
 }
 
 // NewCmdPlan returns the plan verb. runF, when set, replaces Run, so tests
@@ -176,7 +176,8 @@ cluster's two Secrets (see "kubectl cp-rollout rbac") it is refused, exit 6.`,
 	f := cmd.Flags()
 	o.requestOptions.addFlags(f)
 	o.addSelectionFlags(f)
-	o.ignored.addFlags(f)
+	// No wait limits, --dry-run or --on-failure: a plan changes nothing and
+	// waits for nothing.
 	f.StringVar(&o.version, "version", "", "Plan an upgrade to this Kubernetes version")
 	f.StringSliceVar(&o.via, "via", nil, "With --version: the versions the upgrade passes through first, one rollout each")
 	f.StringVar(&o.Request.Template, "infrastructure-template", "", "With --version: the InfraMachineTemplate the new machines are made from")
@@ -187,11 +188,6 @@ cluster's two Secrets (see "kubectl cp-rollout rbac") it is refused, exit 6.`,
 	f.BoolVar(&o.restart, "restart", false, "Plan the replacement of every machine")
 	f.BoolVar(&o.Request.ReplaceUnhealthy, "replace-unhealthy", false, "With --version or --replicas: plan the broken machines' replacement first, as the run with --replace-unhealthy would")
 	f.BoolVar(&o.ExitCode, "exit-code", false, fmt.Sprintf("Exit %d when steps are pending, 0 when there is nothing to do", PendingExitCode))
-	f.Bool("dry-run", false, "")
-	f.String("on-failure", onFailureStay, "")
-	for _, name := range []string{"timeout", "provision-timeout", "health-timeout", "delete-timeout", "settle", "dry-run", "on-failure"} {
-		_ = f.MarkHidden(name)
-	}
 	return cmd
 }
 
@@ -240,10 +236,7 @@ func (o *PlanOptions) Validate() error {
 	if o.Request.Operation == "" {
 		return exitcode.Usagef("plan needs one of --version, --replicas, --replace, --rollout or --restart")
 	}
-	if err := o.requestOptions.validate(); err != nil {
-		return err
-	}
-	return o.ignored.validate()
+	return o.requestOptions.validate()
 }
 
 // Run prints the plan to stdout.
@@ -260,7 +253,7 @@ func (o *PlanOptions) Run(ctx context.Context) error {
 // etcd) and is checked against it, before anything changes.
 func validateTarget(r rollout.Request) error {
 	if r.Version != "" {
-		if _, err := rollout.ParseVersion(r.Version); err != nil {
+		if _, err := rollout.ParseVersion("--version", r.Version); err != nil {
 			return err
 		}
 	}
@@ -268,8 +261,8 @@ func validateTarget(r rollout.Request) error {
 		return exitcode.Usagef("--via needs --version: it names the versions an upgrade passes through")
 	}
 	for _, v := range r.Via {
-		if _, err := rollout.ParseVersion(v); err != nil {
-			return exitcode.Usagef("--via: %v", err)
+		if _, err := rollout.ParseVersion("--via", v); err != nil {
+			return err
 		}
 	}
 	if r.Replicas != nil && *r.Replicas < 1 {
