@@ -160,7 +160,7 @@ func TestDesiredRefusesBadInput(t *testing.T) {
 		{"a downgrade by a minor", Request{Operation: "upgrade", Version: "v1.35.9"}, "downgrade"},
 		{"a skipped minor", Request{Operation: "upgrade", Version: "v1.38.0"}, "skips a minor"},
 		{"another major", Request{Operation: "upgrade", Version: "v2.0.0"}, "skips a minor"},
-		{"no leading v", Request{Operation: "upgrade", Version: "1.37.0"}, `must start with "v"`},
+		{"no leading v", Request{Operation: "upgrade", Version: "1.37.0"}, "--version 1.37.0 is not a Kubernetes version: want vMAJOR.MINOR.PATCH, for example v1.37.0"},
 		{"zero replicas", Request{Operation: "scale", Replicas: replicas(0)}, "at least 1"},
 		{"even replicas with stacked etcd", Request{Operation: "scale", Replicas: replicas(4)}, "odd"},
 		{"surge 0 below three replicas", Request{Operation: "scale", Replicas: replicas(1), MaxSurge: 0}, "--max-surge 0 needs at least 3"},

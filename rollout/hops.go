@@ -28,16 +28,16 @@ func Hops(lowest string, via []string, target string) ([]string, error) {
 	chain := append(append([]string{}, via...), target)
 	versions := make([]semver.Version, len(chain))
 	for i, hop := range chain {
-		v, err := ParseVersion(hop)
+		flag := "--via"
+		if i == len(via) {
+			flag = "--version"
+		}
+		v, err := ParseVersion(flag, hop)
 		if err != nil {
 			return nil, err
 		}
 		if i > 0 && !v.GT(versions[i-1]) {
-			what := "--via " + hop
-			if i == len(via) {
-				what = "--version " + hop
-			}
-			return nil, exitcode.Usagef("%s is not newer than %s: each version passed through must be newer than the one before", what, chain[i-1])
+			return nil, exitcode.Usagef("%s %s is not newer than %s: each version passed through must be newer than the one before", flag, hop, chain[i-1])
 		}
 		versions[i] = v
 	}

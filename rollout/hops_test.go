@@ -35,7 +35,7 @@ func TestHops(t *testing.T) {
 		{"a via the machines have reached (a resumed run)", "v1.35.2", []string{"v1.35.2"}, "v1.36.3", "v1.35.2 v1.36.3", false},
 		{"a via below the machines' version", "v1.35.4", []string{"v1.35.2"}, "v1.36.3", "v1.35.2 v1.36.3", false},
 		{"a target not newer than the via", "v1.34.3", []string{"v1.35.2"}, "v1.35.2", "--version v1.35.2 is not newer than v1.35.2", true},
-		{"a via without its v", "v1.34.3", []string{"1.35.2"}, "v1.36.3", `must start with "v"`, true},
+		{"a via without its v", "v1.34.3", []string{"1.35.2"}, "v1.36.3", "--via 1.35.2 is not a Kubernetes version: want vMAJOR.MINOR.PATCH, for example v1.35.2", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			hops, err := Hops(tc.lowest, tc.via, tc.target)

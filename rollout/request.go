@@ -90,22 +90,24 @@ func (r Request) Matched() string {
 }
 
 // ParseVersion accepts a Kubernetes version as KCP does, but insists on the
-// leading "v" users see everywhere else.
-func ParseVersion(v string) (semver.Version, error) {
-	if !strings.HasPrefix(v, "v") {
-		return semver.Version{}, exitcode.Usagef("version %q must start with \"v\", like v1.36.3", v)
-	}
-	parsed, err := semver.Parse(v[1:])
-	switch {
-	case err == nil:
+// leading "v" users see everywhere else. what names where v came from
+// (--version, --via): the error, bad input, says what was wanted there, with
+// an example made from v where it can be, so that v1.36 is told it names a
+// minor and not a release (semver's own words, "No Major.Minor.Patch
+// elements found", would not).
+func ParseVersion(what, v string) (semver.Version, error) {
+	bare := strings.TrimPrefix(v, "v")
+	parsed, err := semver.Parse(bare)
+	if err == nil && bare != v {
 		return parsed, nil
-	case strings.Count(v, ".") == 1:
-		// semver's own words ("No Major.Minor.Patch elements found") would
-		// not tell the user that a minor alone names no release.
-		return semver.Version{}, exitcode.Usagef("version %q is not a semantic version: it names a minor, not a release; give the patch release too, like %s.0", v, v)
-	default:
-		return semver.Version{}, exitcode.Usagef("version %q is not a semantic version like v1.36.3 (vMAJOR.MINOR.PATCH)", v)
 	}
+	example := "v1.36.3"
+	if err == nil {
+		example = "v" + bare // only the "v" is missing
+	} else if _, err := semver.Parse(bare + ".0"); err == nil {
+		example = "v" + bare + ".0" // a minor alone
+	}
+	return semver.Version{}, exitcode.Usagef("%s %s is not a Kubernetes version: want vMAJOR.MINOR.PATCH, for example %s", what, v, example)
 }
 
 // Desired returns the KubeadmControlPlane as the request would set it, and
@@ -116,7 +118,7 @@ func Desired(ctx context.Context, s *Snapshot, r Request) (*controlplanev1.Kubea
 	old := s.CP.KCP
 	want := old.DeepCopy()
 	if r.Version != "" {
-		to, err := ParseVersion(r.Version)
+		to, err := ParseVersion("--version", r.Version)
 		if err != nil {
 			return nil, err
 		}

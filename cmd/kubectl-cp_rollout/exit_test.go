@@ -111,20 +111,52 @@ func TestUnreachableManagementClusterExitsSeven(t *testing.T) {
 }
 
 func TestNoKubeconfigExitsSevenNamingHowToGiveOne(t *testing.T) {
-	// kubectl's KUBECONFIG names a file that does not exist.
-	r := kubectl(t, nil, "cp-rollout", "status", "demo")
-	if r.code != 7 {
-		t.Errorf("exit %d, want 7\n%s", r.code, r.log)
-	}
-	oneErrorLine(t, "no kubeconfig", r.log, "--kubeconfig", "KUBECONFIG")
-	if strings.Contains(r.log, "KUBERNETES_MASTER") {
-		t.Errorf("the reason sends users to KUBERNETES_MASTER: %q", r.log)
+	const howTo = "; point --kubeconfig or KUBECONFIG at a management cluster's kubeconfig (for example: export KUBECONFIG=~/.kube/config)"
+	home := t.TempDir()
+	for _, tc := range []struct {
+		what string
+		env  []string
+		says string
+	}{
+		// kubectl's KUBECONFIG names a file that does not exist.
+		{"KUBECONFIG names a missing file", []string{"KUBECONFIG=/nonexistent"},
+			"error: no kubeconfig: KUBECONFIG names /nonexistent, which does not exist" + howTo},
+		// Unset, client-go looks in ~/.kube/config alone.
+		{"no KUBECONFIG and no ~/.kube/config", []string{"KUBECONFIG=", "HOME=" + home},
+			"error: no kubeconfig: KUBECONFIG is not set and " + filepath.Join(home, ".kube", "config") + " does not exist" + howTo},
+	} {
+		r := kubectl(t, tc.env, "cp-rollout", "status", "demo")
+		if r.code != 7 {
+			t.Errorf("%s: exit %d, want 7\n%s", tc.what, r.code, r.log)
+		}
+		oneErrorLine(t, tc.what, r.log, tc.says)
+		if strings.Contains(r.log, "KUBERNETES_MASTER") {
+			t.Errorf("%s: the reason sends users to KUBERNETES_MASTER: %q", tc.what, r.log)
+		}
 	}
 
-	r = kubectl(t, nil, "cp-rollout", "status", "demo", "-o", "json")
+	r := kubectl(t, nil, "cp-rollout", "status", "demo", "-o", "json")
 	if obj := errorObject(t, "status -o json", r.stdout); obj["class"] != "unreachable" || r.code != 7 {
 		t.Errorf("status -o json: exit %d, %v: want 7, class unreachable", r.code, obj)
 	}
+}
+
+// -v typed after the plugin's name reaches the plugin, as kubectl hands it
+// on, and client-go logs each request on stderr as it does for kubectl: at 6
+// its method, URL, status and duration. Without -v, the error line alone.
+func TestVerbosityLogsRequests(t *testing.T) {
+	env := []string{kubeconfigFor(t, "https://127.0.0.1:1")}
+	r := kubectl(t, env, "cp-rollout", "status", "demo", "-v", "6")
+	if r.code != 7 {
+		t.Errorf("exit %d, want 7\n%s", r.code, r.log)
+	}
+	for _, want := range []string{`"Response" verb="GET" url="https://127.0.0.1:1/`, `status=""`, "milliseconds=", "error: cannot reach the management cluster"} {
+		if !strings.Contains(r.log, want) {
+			t.Errorf("-v 6: stderr lacks %q:\n%s", want, r.log)
+		}
+	}
+	r = kubectl(t, env, "cp-rollout", "status", "demo")
+	oneErrorLine(t, "without -v", r.log, "cannot reach the management cluster")
 }
 
 // A failure other than an unreachable cluster ends -o json output the same

@@ -10,11 +10,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-logr/logr"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	// Client auth plugins (exec, OIDC …) so any kubeconfig kubectl accepts works here.
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/cp-rollout/cp-rollout/cmd/kubectl-cp_rollout/internal/initgc"
 	"github.com/cp-rollout/cp-rollout/pkg/cli"
@@ -33,12 +31,8 @@ func main() {
 func run() int {
 	ctx, stop := stopOnSignal()
 	defer stop()
-	// Cluster API's code that the tool runs (KCP's failure-domain choice,
-	// for one) logs through controller-runtime's logger. The tool reports
-	// through its own reporter; left unset, controller-runtime prints a
-	// warning with a stack trace on stderr 30 s into a run.
-	ctrllog.SetLogger(logr.Discard())
-
+	// The loggers (klog's verbosity, controller-runtime's) are set by the
+	// command once it has parsed -v.
 	streams := genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}
 	res, err := cli.Run(ctx, streams, os.Args[1:])
 	if err == nil {

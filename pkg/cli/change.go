@@ -16,7 +16,7 @@ import (
 )
 
 // changeOptions are what the verbs that change a control plane (upgrade,
-// scale, replace) share: they differ only in the request.
+// scale, replace, rollout, restart) share: they differ only in the request.
 type changeOptions struct {
 	requestOptions
 	waitLimits
@@ -26,7 +26,7 @@ type changeOptions struct {
 	// flight).
 	OnFailure    string
 	Limits       fleetLimits // with -l/-A
-	confirmation             // -A without -l: upgrade and scale add --yes
+	confirmation             // -A without -l
 	// inFleet marks one cluster's run of a fleet, whose stop is told once
 	// for all.
 	inFleet bool
@@ -34,17 +34,26 @@ type changeOptions struct {
 
 func newChangeOptions(streams genericiooptions.IOStreams, operation string) changeOptions {
 	return changeOptions{requestOptions: newRequestOptions(streams, operation), waitLimits: newWaitLimits(),
-		confirmation: newConfirmation(streams), OnFailure: onFailureStay}
+		Limits: newFleetLimits(), confirmation: newConfirmation(streams), OnFailure: onFailureStay}
 }
 
+// addFlags adds the flags of a run on one cluster; a verb that also acts on
+// a selection of clusters adds addFleetFlags.
 func (o *changeOptions) addFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
 	o.requestOptions.addFlags(f)
 	o.waitLimits.addFlags(f)
-	o.addSelectionFlags(f)
-	o.Limits.addFlags(f)
 	f.BoolVar(&o.DryRun, "dry-run", false, "Print the plan (as the plan verb does) and change nothing")
 	f.StringVar(&o.OnFailure, "on-failure", o.OnFailure, "What a run that fails (exit 3 or 4) does with the KubeadmControlPlane's pause: stay (paused with the run's record; re-run to resume) or handback (give it back to KCP, unless a machine is still joining or deleting); the exit code is the failure's either way")
+}
+
+// addFleetFlags adds -l/-A and what goes with them: how many clusters at
+// once, when to stop starting them, and --yes for -A alone. replace names
+// one machine of one cluster and takes none of them.
+func (o *changeOptions) addFleetFlags(f *pflag.FlagSet) {
+	o.addSelectionFlags(f)
+	o.Limits.addFlags(f)
+	o.addYesFlag(f)
 }
 
 // The values of --on-failure.

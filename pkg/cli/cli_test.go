@@ -118,9 +118,13 @@ func TestBadInputIsUsageError(t *testing.T) {
 		{"handback without cluster", []string{"handback"}, "handback needs a CLUSTER name"},
 		{"plan without cluster", []string{"plan", "--version", "v1.36.3"}, "plan needs a CLUSTER name"},
 		{"upgrade without version", []string{"upgrade", "demo"}, "--version is required"},
-		{"version without v", []string{"upgrade", "demo", "--version", "1.36.3"}, `must start with "v"`},
-		{"version not semver", []string{"upgrade", "demo", "--version", "v1.36"}, "not a semantic version"},
-		{"version garbage", []string{"upgrade", "demo", "--version", "vlatest"}, "not a semantic version"},
+		{"version without v", []string{"upgrade", "demo", "--version", "1.36.3"}, "--version 1.36.3 is not a Kubernetes version: want vMAJOR.MINOR.PATCH, for example v1.36.3"},
+		{"version not semver", []string{"upgrade", "demo", "--version", "v1.36"}, "--version v1.36 is not a Kubernetes version"},
+		{"version garbage", []string{"upgrade", "demo", "--version", "vlatest"}, "--version vlatest is not a Kubernetes version"},
+		{"via garbage", []string{"plan", "demo", "--version", "v1.36.3", "--via", "1.35"}, "--via 1.35 is not a Kubernetes version: want vMAJOR.MINOR.PATCH, for example v1.35.0"},
+		{"kcp version garbage", []string{"restart", "demo", "--kcp-version", "main"}, "--kcp-version main is not a Cluster API version"},
+		{"fleet flags on replace", []string{"replace", "demo", "m", "-A"}, "unknown shorthand flag: 'A'"},
+		{"wait flags on plan", []string{"plan", "demo", "--rollout", "--no-wait"}, "unknown flag: --no-wait"},
 		{"surge 2", []string{"upgrade", "demo", "--version", "v1.36.3", "--max-surge", "2"}, "--max-surge must be 0 or 1"},
 		{"surge negative", []string{"upgrade", "demo", "--version", "v1.36.3", "--max-surge", "-2"}, "--max-surge must be 0 or 1"},
 		{"negative timeout", []string{"upgrade", "demo", "--version", "v1.36.3", "--health-timeout", "-1s"}, "--health-timeout must not be negative"},
@@ -309,6 +313,10 @@ func refused(t *testing.T, r result, code int, says ...string) {
 func TestKubeconfigProblems(t *testing.T) {
 	isolate(t)
 	missing := filepath.Join(t.TempDir(), "missing")
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		env  string // KUBECONFIG
@@ -316,10 +324,14 @@ func TestKubeconfigProblems(t *testing.T) {
 		code int
 		says []string
 	}{
-		{"none in KUBECONFIG", missing, []string{"status", "demo"}, exitcode.Unreachable, []string{"looked at " + missing, "--kubeconfig", "KUBECONFIG"}},
+		{"none in KUBECONFIG", missing, []string{"status", "demo"}, exitcode.Unreachable,
+			[]string{"no kubeconfig: KUBECONFIG names " + missing + ", which does not exist; point --kubeconfig or KUBECONFIG at a management cluster's kubeconfig (for example: export KUBECONFIG=~/.kube/config)"}},
+		{"none in several", missing + string(os.PathListSeparator) + missing + "2", []string{"status", "demo"}, exitcode.Unreachable,
+			[]string{"KUBECONFIG names " + missing + ", " + missing + "2, none of which holds a cluster"}},
+		{"an empty one", empty, []string{"status", "demo"}, exitcode.Unreachable, []string{"KUBECONFIG names " + empty + ", which holds no cluster"}},
 		{"none, over a fleet", missing, []string{"status", "-l", "env=prod"}, exitcode.Unreachable, []string{"--kubeconfig", "KUBECONFIG"}},
 		{"none, for a change", missing, []string{"upgrade", "demo", "--version", "v1.36.3"}, exitcode.Unreachable, []string{"--kubeconfig", "KUBECONFIG"}},
-		{"--kubeconfig missing", "", []string{"status", "demo", "--kubeconfig", missing}, exitcode.Unreachable, []string{"--kubeconfig " + missing + " does not exist"}},
+		{"--kubeconfig missing", "", []string{"status", "demo", "--kubeconfig", missing}, exitcode.Unreachable, []string{"no kubeconfig: --kubeconfig " + missing + " does not exist; point --kubeconfig"}},
 		{"no such context", "", []string{"status", "demo", "--context", "nope"}, exitcode.Usage, []string{`context "nope"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

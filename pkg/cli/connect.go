@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/blang/semver/v4"
 	"github.com/spf13/pflag"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -176,6 +178,20 @@ func directDialer(endpointTemplate string) (etcd.Dialer, error) {
 		return nil, exitcode.Usagef("--etcd-endpoint: %v", err)
 	}
 	return d, nil
+}
+
+// checkKCPVersionFlag refuses an override that is no version at all, as bad
+// input, on every verb that takes it: the engine would otherwise refuse it as
+// an unsafe controller (exit 3) asking for the very flag that was given.
+func (c *connection) checkKCPVersionFlag() error {
+	if c.KCPVersion == "" {
+		return nil
+	}
+	if _, err := semver.ParseTolerant(c.KCPVersion); err != nil {
+		last := rollout.ProvenKCPMinors[len(rollout.ProvenKCPMinors)-1]
+		return exitcode.Usagef("--kcp-version %s is not a Cluster API version: want vMAJOR.MINOR.PATCH, for example v%d.%d.0", c.KCPVersion, last.Major, last.Minor)
+	}
+	return nil
 }
 
 // validateKCPVersion refuses an override naming an unsupported controller
@@ -460,18 +476,40 @@ func (c *connection) kubeconfigNamespace() (string, error) {
 
 // kubeconfigError marks an error of loading the kubeconfig (see restConfig).
 // client-go's own words for a missing one send users to KUBERNETES_MASTER,
-// which kubectl no longer reads: the reason names the flag and the variable,
-// and where the kubeconfig was looked for.
+// which kubectl no longer reads: the reason says where the kubeconfig was
+// looked for, what was found there, and how to give one.
 func (c *connection) kubeconfigError(what string, err error) error {
 	access := c.Management.ToRawKubeConfigLoader().ConfigAccess()
-	switch {
-	case access.IsExplicitFile() && errors.Is(err, fs.ErrNotExist):
-		return exitcode.Unreachablef("no kubeconfig for the management cluster: --kubeconfig %s does not exist", access.GetExplicitFile())
-	case clientcmd.IsEmptyConfig(err):
-		return exitcode.Unreachablef("no kubeconfig for the management cluster (looked at %s): pass --kubeconfig FILE or set KUBECONFIG",
-			strings.Join(access.GetLoadingPrecedence(), ", "))
+	if clientcmd.IsEmptyConfig(err) || access.IsExplicitFile() && errors.Is(err, fs.ErrNotExist) {
+		return exitcode.Unreachablef("no kubeconfig: %s; point --kubeconfig or KUBECONFIG at a management cluster's kubeconfig (for example: export KUBECONFIG=~/.kube/config)",
+			lookedFor(access))
 	}
 	return exitcode.Usagef("%s: %v", what, err)
+}
+
+// lookedFor says where the kubeconfig was looked for and why none was there:
+// "KUBECONFIG names /x, which does not exist".
+func lookedFor(access clientcmd.ConfigAccess) string {
+	const env = clientcmd.RecommendedConfigPathEnvVar
+	paths := access.GetLoadingPrecedence()
+	switch {
+	case access.IsExplicitFile():
+		return "--kubeconfig " + access.GetExplicitFile() + " " + fileState(access.GetExplicitFile())
+	case os.Getenv(env) == "":
+		return env + " is not set and " + paths[0] + " " + fileState(paths[0]) // ~/.kube/config alone
+	case len(paths) == 1:
+		return env + " names " + paths[0] + ", which " + fileState(paths[0])
+	}
+	return env + " names " + strings.Join(paths, ", ") + ", none of which holds a cluster"
+}
+
+// fileState is why a kubeconfig file gave nothing: it is not there, or it
+// is (a file with no cluster in it loads as empty too).
+func fileState(path string) string {
+	if _, err := os.Stat(path); err != nil {
+		return "does not exist"
+	}
+	return "holds no cluster"
 }
 
 // firstContact marks the error of the first request a command makes to the

@@ -138,8 +138,14 @@ type fleetLimits struct {
 	given bool // either flag was on the command line
 }
 
+// newFleetLimits is one cluster at a time. The default is set here rather
+// than with the flag: replace has no --parallel and is validated all the
+// same.
+func newFleetLimits() fleetLimits {
+	return fleetLimits{Limits: fleet.Limits{Parallel: 1}}
+}
+
 func (l *fleetLimits) addFlags(f *pflag.FlagSet) {
-	l.Parallel = 1
 	f.IntVar(&l.Parallel, "parallel", l.Parallel, "With -l/-A: how many clusters roll at once (each one machine at a time)")
 	f.IntVar(&l.MaxFailures, "max-failures", l.MaxFailures, "With -l/-A: once more clusters than this have failed, start no new one (those in flight finish)")
 }

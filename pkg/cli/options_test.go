@@ -272,8 +272,10 @@ func TestPlanOptions(t *testing.T) {
 			want: func(v *resolved) { v.Operation, v.Version = "restart", "" }},
 		{name: "exit code and etcd endpoint", args: []string{"demo", "--version", "v1.36.3", "--exit-code", "--etcd-endpoint", "https://{{.NodeName}}:2379"},
 			want: func(v *resolved) { v.ExitCode, v.EtcdEndpoint = true, "https://{{.NodeName}}:2379" }},
-		// A changing verb's command line works with its verb swapped for plan.
-		{name: "run flags accepted", args: append([]string{"demo", "--version", "v1.36.3"}, allRunFlags...),
+		// What the request itself takes, as the changing verbs do; their
+		// wait limits, --dry-run and --on-failure are no flags of plan's.
+		{name: "request flags", args: []string{"demo", "--version", "v1.36.3", "--max-surge", "0", "-o", "json",
+			"--etcd-endpoint", "https://{{.NodeIP}}:2379", "--kcp-version", "v1.14.2"},
 			want: func(v *resolved) {
 				v.MaxSurge, v.Output = 0, "json"
 				v.EtcdEndpoint, v.KCPVersion = "https://{{.NodeIP}}:2379", "v1.14.2"
@@ -341,10 +343,16 @@ func TestBadInputRefusedBeforeAnyCluster(t *testing.T) {
 		code int
 		says string
 	}{
-		{[]string{"upgrade", "demo", "--version", "1.36.3"}, 2, `must start with "v"`},
-		{[]string{"upgrade", "demo", "--version", "v1.36"}, 2, "names a minor, not a release; give the patch release too, like v1.36.0"},
-		{[]string{"upgrade", "demo", "--version", "vlatest"}, 2, "not a semantic version"},
-		{[]string{"upgrade", "demo", "--version", "v1.36.3.1"}, 2, "not a semantic version"},
+		{[]string{"upgrade", "demo", "--version", "1.36.3"}, 2, "--version 1.36.3 is not a Kubernetes version: want vMAJOR.MINOR.PATCH, for example v1.36.3"},
+		{[]string{"upgrade", "demo", "--version", "v1.36"}, 2, "--version v1.36 is not a Kubernetes version: want vMAJOR.MINOR.PATCH, for example v1.36.0"},
+		{[]string{"upgrade", "demo", "--version", "vlatest"}, 2, "--version vlatest is not a Kubernetes version: want vMAJOR.MINOR.PATCH, for example v1.36.3"},
+		{[]string{"upgrade", "demo", "--version", "v1.36.3.1"}, 2, "--version v1.36.3.1 is not a Kubernetes version"},
+		{[]string{"upgrade", "demo", "--version", to, "--via", "v1.35"}, 2, "--via v1.35 is not a Kubernetes version: want vMAJOR.MINOR.PATCH, for example v1.35.0"},
+		{[]string{"plan", "demo", "--version", "v1.36"}, 2, "--version v1.36 is not a Kubernetes version"},
+		{[]string{"upgrade", "demo", "--version", to, "--kcp-version", "latest"}, 2, "--kcp-version latest is not a Cluster API version: want vMAJOR.MINOR.PATCH, for example v1.14.0"},
+		{[]string{"plan", "demo", "--version", to, "--kcp-version", "latest"}, 2, "--kcp-version latest is not a Cluster API version"},
+		{[]string{"upgrade", "demo", "--version", to, "--kubeconfig", "/nonexistent/kubeconfig"}, 7,
+			"no kubeconfig: --kubeconfig /nonexistent/kubeconfig does not exist; point --kubeconfig or KUBECONFIG at a management cluster's kubeconfig (for example: export KUBECONFIG=~/.kube/config)"},
 		{[]string{"upgrade", "demo"}, 2, "--version is required"},
 		{[]string{"upgrade", "demo", "--version", to, "--max-surge", "2"}, 2, "--max-surge must be 0 or 1"},
 		{[]string{"upgrade", "demo", "--version", to, "--health-timeout", "-1m"}, 2, "must not be negative"},
@@ -355,6 +363,16 @@ func TestBadInputRefusedBeforeAnyCluster(t *testing.T) {
 		{[]string{"scale", "demo"}, 2, "--replicas is required"},
 		{[]string{"scale", "demo", "--replicas", "1", "--max-surge", "0"}, 2, "--max-surge 0 needs at least 3"},
 		{[]string{"replace", "demo"}, 2, "two arguments"},
+		// replace names one machine of one cluster: no selection, no fleet.
+		{[]string{"replace", "demo", "m", "-A"}, 2, "unknown shorthand flag: 'A' in -A"},
+		{[]string{"replace", "demo", "m", "-l", "env=prod"}, 2, "unknown shorthand flag: 'l' in -l"},
+		{[]string{"replace", "demo", "m", "--parallel", "2"}, 2, "unknown flag: --parallel"},
+		{[]string{"replace", "demo", "m", "--max-failures", "1"}, 2, "unknown flag: --max-failures"},
+		// A plan changes nothing and waits for nothing.
+		{[]string{"plan", "demo", "--version", to, "--no-wait"}, 2, "unknown flag: --no-wait"},
+		{[]string{"plan", "demo", "--version", to, "--handback-timeout", "1m"}, 2, "unknown flag: --handback-timeout"},
+		{[]string{"plan", "demo", "--version", to, "--timeout", "1h"}, 2, "unknown flag: --timeout"},
+		{[]string{"plan", "demo", "--version", to, "--dry-run"}, 2, "unknown flag: --dry-run"},
 		{[]string{"plan", "demo", "--version", to, "--replicas", "3"}, 2, "not several"},
 		{[]string{"plan", "demo"}, 2, "needs one of --version, --replicas, --replace, --rollout or --restart"},
 		{[]string{"plan", "demo", "--rollout", "--restart"}, 2, "not several"},
@@ -388,18 +406,19 @@ func TestBadInputRefusedBeforeAnyCluster(t *testing.T) {
 	}
 }
 
-// The same flags that the change verbs refuse, plan and status refuse too.
+// The same flag values that the change verbs refuse, plan and status refuse
+// too.
 func TestSharedFlagsRefusedByEveryVerb(t *testing.T) {
 	isolate(t)
 	for _, args := range [][]string{
 		{"plan", "demo", "--replicas", "1", "--max-surge", "0"},
 		{"plan", "demo", "--version", "v1.36.3", "--etcd-endpoint", "http://{{.NodeIP}}"},
-		{"plan", "demo", "--version", "v1.36.3", "--settle", "-1s"},
+		{"plan", "demo", "--version", "v1.36.3", "--kcp-version", "latest"},
 		{"status", "demo", "--etcd-endpoint", "https://{{.Nope}}"},
 		{"replace", "demo", "m", "--kcp-version", "latest"},
 	} {
-		if r := run(t, args...); r.code != exitcode.Usage && r.code != exitcode.Unsafe {
-			t.Errorf("%v: exit %d (err: %v), want a refusal", args, r.code, r.err)
+		if r := run(t, args...); r.code != exitcode.Usage {
+			t.Errorf("%v: exit %d (err: %v), want exit 2", args, r.code, r.err)
 		}
 	}
 }

@@ -63,6 +63,9 @@ func (o *requestOptions) validate() error {
 	if err := oneOf("output", o.Output, "text", "json"); err != nil {
 		return err
 	}
+	if err := o.checkKCPVersionFlag(); err != nil {
+		return err
+	}
 	return o.validateEtcdEndpoint()
 }
 
@@ -179,14 +182,11 @@ type PlanOptions struct {
 	restart  bool
 	expiring string // --certificates-expiring-within, with --rollout
 	targets  int    // how many of those flags were given
-	// The run flags of the changing verbs are accepted so a command line
-	// can swap its verb for plan, and checked, but a plan waits for nothing.
-	ignored waitLimits
 }
 
 // NewPlanOptions returns the plan verb's defaults.
 func NewPlanOptions(streams genericiooptions.IOStreams) *PlanOptions {
-	return &PlanOptions{requestOptions: newRequestOptions(streams, ""), ignored: newWaitLimits()}
+	return &PlanOptions{requestOptions: newRequestOptions(streams, "")}
 }
 
 // NewCmdPlan returns the plan verb. runF, when set, replaces Run, so tests
@@ -225,7 +225,8 @@ start and take steps, 0 that it would find nothing to do.`,
 	f := cmd.Flags()
 	o.requestOptions.addFlags(f)
 	o.addSelectionFlags(f)
-	o.ignored.addFlags(f)
+	// No wait limits, --dry-run or --on-failure: a plan changes nothing and
+	// waits for nothing.
 	f.StringVar(&o.version, "version", "", "Plan an upgrade to this Kubernetes version")
 	f.StringSliceVar(&o.via, "via", nil, "With --version: the versions the upgrade passes through first, one rollout each")
 	f.StringVar(&o.Request.Template, "infrastructure-template", "", "With --version: the InfraMachineTemplate the new machines are made from")
@@ -236,11 +237,6 @@ start and take steps, 0 that it would find nothing to do.`,
 	f.BoolVar(&o.restart, "restart", false, "Plan the replacement of every machine")
 	f.BoolVar(&o.Request.ReplaceUnhealthy, "replace-unhealthy", false, "With --version or --replicas: plan the broken machines' replacement first, as the run with --replace-unhealthy would")
 	f.BoolVar(&o.ExitCode, "exit-code", false, fmt.Sprintf("Exit %d when steps are pending, 0 when there is nothing to do (a refusal the run would meet keeps its own code)", PendingExitCode))
-	f.Bool("dry-run", false, "")
-	f.String("on-failure", onFailureStay, "")
-	for _, name := range []string{"timeout", "provision-timeout", "health-timeout", "delete-timeout", "settle", "dry-run", "on-failure"} {
-		_ = f.MarkHidden(name)
-	}
 	return cmd
 }
 
@@ -289,10 +285,7 @@ func (o *PlanOptions) Validate() error {
 	if o.Request.Operation == "" {
 		return exitcode.Usagef("plan needs one of --version, --replicas, --replace, --rollout or --restart")
 	}
-	if err := o.requestOptions.validate(); err != nil {
-		return err
-	}
-	return o.ignored.validate()
+	return o.requestOptions.validate()
 }
 
 // Run prints the plan to stdout.
@@ -315,7 +308,7 @@ func (o *PlanOptions) outcome(pending bool, err error) error {
 // etcd) and is checked against it, before anything changes.
 func validateTarget(r rollout.Request) error {
 	if r.Version != "" {
-		if _, err := rollout.ParseVersion(r.Version); err != nil {
+		if _, err := rollout.ParseVersion("--version", r.Version); err != nil {
 			return err
 		}
 	}
@@ -323,8 +316,8 @@ func validateTarget(r rollout.Request) error {
 		return exitcode.Usagef("--via needs --version: it names the versions an upgrade passes through")
 	}
 	for _, v := range r.Via {
-		if _, err := rollout.ParseVersion(v); err != nil {
-			return exitcode.Usagef("--via: %v", err)
+		if _, err := rollout.ParseVersion("--via", v); err != nil {
+			return err
 		}
 	}
 	if r.Replicas != nil && *r.Replicas < 1 {

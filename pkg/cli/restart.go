@@ -37,7 +37,7 @@ again keeps its cut-off and never replaces a machine it created.`,
 		},
 	}
 	o.addFlags(cmd)
-	o.addYesFlag(cmd.Flags())
+	o.addFleetFlags(cmd.Flags())
 	return cmd
 }
 

@@ -56,7 +56,7 @@ spec.rollout.before.certificatesExpiryDays would, without writing that field.`,
 		},
 	}
 	o.addFlags(cmd)
-	o.addYesFlag(cmd.Flags())
+	o.addFleetFlags(cmd.Flags())
 	cmd.Flags().StringVar(&o.expiring, "certificates-expiring-within", "", "Also replace the machines whose certificates expire within this time, in whole days: 30d or 720h")
 	return cmd
 }

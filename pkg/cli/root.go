@@ -74,6 +74,8 @@ type RootOptions struct {
 	ConfigFlags *kubeconfigFlags
 	ConfigFile  string
 	Streams     genericiooptions.IOStreams
+	// Verbosity is -v: klog's level, for client-go's request logging.
+	Verbosity int
 }
 
 // NewRootCmd returns the root of the command tree.
@@ -106,7 +108,10 @@ control-plane machine, never lose etcd quorum).`,
 			return cmd.Help()
 		},
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			return applyConfig(cmd, o.ConfigFile)
+			if err := applyConfig(cmd, o.ConfigFile); err != nil {
+				return err
+			}
+			return setLogging(o.Verbosity)
 		},
 		CompletionOptions:          cobra.CompletionOptions{DisableDefaultCmd: true},
 		SuggestionsMinimumDistance: 2,
@@ -121,6 +126,7 @@ control-plane machine, never lose etcd quorum).`,
 	o.ConfigFlags.AddFlags(cmd.PersistentFlags())
 	cmd.PersistentFlags().StringVar(&o.ConfigFile, configFlag, o.ConfigFile,
 		"Path to the configuration file (environment: "+envPrefix+"_CONFIG)")
+	addVerbosityFlag(cmd.PersistentFlags(), &o.Verbosity)
 
 	cmd.AddCommand(
 		NewCmdUpgrade(o, nil),

@@ -39,7 +39,7 @@ be odd. With -l/-A, every matching cluster is scaled, as upgrade does.`,
 		},
 	}
 	o.addFlags(cmd)
-	o.addYesFlag(cmd.Flags())
+	o.addFleetFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&o.Request.ReplaceUnhealthy, "replace-unhealthy", false, "Replace first, as this run's first steps, the control-plane machines found broken before it starts (without it, the run refuses them and names the replace command)")
 	cmd.Flags().Int32Var(&o.replicas, "replicas", o.replicas, "The number of control-plane machines wanted (required; odd with stacked etcd)")
 	return cmd

@@ -71,7 +71,7 @@ listed and confirmed at the terminal, or needs --yes.`,
 		},
 	}
 	o.addFlags(cmd)
-	o.addYesFlag(cmd.Flags())
+	o.addFleetFlags(cmd.Flags())
 	cmd.Flags().StringVar(&o.Request.Version, "version", "", "The Kubernetes version to upgrade to, e.g. v1.36.3 (required)")
 	cmd.Flags().StringVar(&o.Request.Template, "infrastructure-template", "", "The InfraMachineTemplate the new machines are made from, with --version (of the kind and namespace the KubeadmControlPlane uses today): a new machine image with the version")
 	cmd.Flags().StringSliceVar(&o.Request.Via, "via", nil, "Versions to pass through first, one complete rollout each, in order: one of each minor between the control plane's and --version, e.g. --via v1.35.2")
