@@ -39,7 +39,7 @@ func newChangeOptions(streams genericiooptions.IOStreams, operation string) chan
 
 func (o *changeOptions) addFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
-	o.requestOptions.addFlags(f)
+	o.requestOptions.addFlags(cmd)
 	o.waitLimits.addFlags(f)
 	o.addSelectionFlags(f)
 	o.Limits.addFlags(f)

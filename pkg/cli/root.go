@@ -119,6 +119,7 @@ control-plane machine, never lose etcd quorum).`,
 	})
 
 	o.ConfigFlags.AddFlags(cmd.PersistentFlags())
+	o.addNameCompletions(cmd)
 	cmd.PersistentFlags().StringVar(&o.ConfigFile, configFlag, o.ConfigFile,
 		"Path to the configuration file (environment: "+envPrefix+"_CONFIG)")
 
