@@ -11,9 +11,12 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/briandowns/spinner"
 	"golang.org/x/term"
+	textwidth "golang.org/x/text/width"
 )
 
 // Phase is where an action stands.
@@ -127,7 +130,7 @@ func New(output string, out, errOut io.Writer) Reporter {
 	case output == "json":
 		return &jsonReporter{enc: json.NewEncoder(out)}
 	case IsTerminal(out) && IsTerminal(errOut):
-		return newSpinnerReporter(errOut)
+		return newSpinnerReporter(errOut, terminalWidth(errOut))
 	default:
 		return &lineReporter{mu: &sync.Mutex{}, w: errOut}
 	}
@@ -235,19 +238,25 @@ func (r *lineReporter) Summary(run Event, steps []StepTime) {
 
 func (r *lineReporter) Stop() {}
 
-// spinnerReporter keeps one spinning line for the action in progress and
-// prints a ✓ or ✗ line when it ends.
+// spinnerReporter keeps one spinning line for the action in progress and,
+// above it, a ✓ or ✗ line for every action that ended, so the run's history
+// stays on screen as kind's does.
 type spinnerReporter struct {
 	mu      sync.Mutex
 	w       io.Writer
 	s       *spinner.Spinner
-	current Event
+	cols    func() int // the terminal's width, read again for each line as it may be resized
+	current Event      // the action the spinner shows; zero once it ended
 	started time.Time
 }
 
-func newSpinnerReporter(w io.Writer) *spinnerReporter {
-	s := spinner.New(spinner.CharSets[14], 100*time.Millisecond, spinner.WithWriter(w))
-	r := &spinnerReporter{w: w, s: s}
+// spinnerFrames are the spinner's characters, all of the same length.
+var spinnerFrames = spinner.CharSets[14]
+
+// newSpinnerReporter draws on w, cols wide; tests pass any writer and width.
+func newSpinnerReporter(w io.Writer, cols func() int) *spinnerReporter {
+	s := spinner.New(spinnerFrames, 100*time.Millisecond, spinner.WithWriter(w))
+	r := &spinnerReporter{w: w, s: s, cols: cols}
 	// The suffix is refreshed on every tick so the elapsed time runs.
 	s.PreUpdate = func(s *spinner.Spinner) {
 		r.mu.Lock()
@@ -255,38 +264,107 @@ func newSpinnerReporter(w io.Writer) *spinnerReporter {
 		e := r.current
 		e.ElapsedMs = time.Since(r.started).Milliseconds()
 		e.Phase = Waiting
-		s.Suffix = fit(" "+Text(e), width(w)-2) // the spinner's own character takes the rest
+		s.Suffix = liveSuffix(Text(e), r.cols())
 	}
 	return r
 }
 
-// width is the terminal's width in columns, 0 when unknown.
-func width(w io.Writer) int {
-	f, ok := w.(*os.File)
-	if !ok {
-		return 0
-	}
-	cols, _, err := term.GetSize(int(f.Fd()))
-	if err != nil {
-		return 0
-	}
-	return cols
+// liveSuffix is what follows the spinner's character: text cut so that the
+// line never wraps, as a wrapped line cannot be redrawn in place.
+//
+// spinner v1.23.2 erases its line before each redraw and on Stop, and when it
+// counts the line wider than the terminal it also moves up and erases the line
+// above: the ✓ line of the step before. It counts the line's bytes, not its
+// columns, so a line cut to the columns is still counted wider (its braille
+// character, "→" and "…" are 3 bytes each) and would climb one line per tick
+// over the run's history.
+// The suffix is therefore cut both to the columns and to the bytes the
+// spinner counts ("\r", the character and the suffix).
+func liveSuffix(text string, cols int) string {
+	// The character takes one column; the last stays free so that the cursor
+	// never waits past the edge.
+	line := fit(" "+text, cols-2)
+	return cut(line, cols-1-len(spinnerFrames[0]), utf8.RuneLen)
 }
 
-// fit cuts line to at most cols runes, so the spinner's line never wraps: a
-// wrapped line cannot be redrawn in place. cols <= 0 leaves it whole.
+// terminalWidth is the width in columns of the terminal w, and never more
+// than stdin's when stdin is a terminal too: spinner v1.23.2 measures stdin
+// when it decides how many lines to erase (see liveSuffix).
+func terminalWidth(w io.Writer) func() int {
+	return func() int {
+		cols := width(w)
+		if term.IsTerminal(int(os.Stdin.Fd())) {
+			cols = min(cols, width(os.Stdin))
+		}
+		return cols
+	}
+}
+
+// width is the terminal's width in columns; 80, the classic terminal's, when
+// it cannot be read.
+func width(w io.Writer) int {
+	if f, ok := w.(*os.File); ok {
+		if cols, _, err := term.GetSize(int(f.Fd())); err == nil && cols > 0 {
+			return cols
+		}
+	}
+	return 80
+}
+
+// fit cuts line to at most cols columns, so that it takes one line of the
+// terminal: control characters (the newlines of a multi-line message) become
+// spaces, and a line that was cut ends with "…". cols <= 0 cuts nothing.
 func fit(line string, cols int) string {
-	if cols <= 0 {
+	line = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, line)
+	return cut(line, cols, columns)
+}
+
+// columns is how many columns a terminal gives r: two for the wide characters
+// of East Asian scripts and emoji, none for combining marks and format
+// characters (zero-width joiner), one otherwise ("→", "…" and the like).
+func columns(r rune) int {
+	if unicode.In(r, unicode.Mn, unicode.Me, unicode.Cf) {
+		return 0
+	}
+	switch textwidth.LookupRune(r).Kind() {
+	case textwidth.EastAsianWide, textwidth.EastAsianFullwidth:
+		return 2
+	}
+	return 1
+}
+
+// cut shortens line to at most max, measured rune by rune with size, ending
+// it with "…". max <= 0 leaves it whole.
+func cut(line string, max int, size func(rune) int) string {
+	if max <= 0 {
 		return line
 	}
-	runes := []rune(line)
-	if len(runes) <= cols {
+	n := 0
+	for _, r := range line {
+		n += size(r)
+	}
+	if n <= max {
 		return line
 	}
-	if cols == 1 {
-		return "…"
+	room := max - size('…')
+	if room < 0 {
+		return ""
 	}
-	return string(runes[:cols-1]) + "…"
+	var b strings.Builder
+	n = 0
+	for _, r := range line {
+		if n+size(r) > room {
+			break
+		}
+		b.WriteRune(r)
+		n += size(r)
+	}
+	return b.String() + "…"
 }
 
 func (r *spinnerReporter) Report(e Event) {
@@ -301,13 +379,31 @@ func (r *spinnerReporter) Report(e Event) {
 		r.s.Start()
 		return
 	}
-	r.mu.Unlock()
-	r.s.Stop()
-	mark := "✓"
-	if e.Phase == Failed {
-		mark = "✗"
+	// An event may end an action other than the one on the spinner (a lone
+	// failed event, as when left-overs cannot be looked for); the spinner
+	// comes back for the one still in progress.
+	ended := r.current.Action == e.Action && r.current.Machine == e.Machine
+	if ended {
+		r.current = Event{}
 	}
-	fmt.Fprintf(r.w, " %s %s\n", mark, Text(e))
+	resume := r.current.Action != ""
+	r.mu.Unlock()
+	// Stop erases the spinner's line and leaves the cursor at its start, so
+	// the mark line replaces it without fragments. It is not the spinner's
+	// FinalMSG: Stop writes that only while the spinner runs, and an action
+	// may end without one (a lone done event, or stdout is not a terminal).
+	// mu is not held: the spinner's tick holds its own lock while it takes mu.
+	r.s.Stop()
+	mark := "✓ "
+	if e.Phase == Failed {
+		mark = "✗ "
+	}
+	// The mark takes the spinner character's column and the space after it,
+	// so the text lines up with the spinner's.
+	fmt.Fprintln(r.w, fit(mark+Text(e), r.cols()-1))
+	if resume {
+		r.s.Start()
+	}
 }
 
 func (r *spinnerReporter) Summary(run Event, steps []StepTime) {

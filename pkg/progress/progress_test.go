@@ -3,9 +3,11 @@ package progress
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 func TestJSONEventsCarryTheDocumentedFields(t *testing.T) {
@@ -68,6 +70,13 @@ func TestSpinnerLineFitsTheTerminal(t *testing.T) {
 	if got := fit("short", 80); got != "short" {
 		t.Fatalf("a line that fits was changed: %q", got)
 	}
+	// Cut by columns, not runes: each of these characters takes two.
+	if got, want := fit("✓ [1/3] ノードを削除しています", 12), "✓ [1/3] ノ…"; got != want {
+		t.Fatalf("wide characters cut to %q, want %q", got, want)
+	}
+	if got, want := fit("failed: line one\nline two", 40), "failed: line one line two"; got != want {
+		t.Fatalf("a multi-line message gave %q, want %q on one line", got, want)
+	}
 }
 
 // An upgrade through several versions places every event in its hop, and
@@ -99,5 +108,103 @@ func TestHopsInEventsAndSummary(t *testing.T) {
 	New("json", &js, &errOut).Report(Event{Action: "create", Hop: hop2})
 	if !strings.Contains(js.String(), `"hop":2,"hops":2,"hopVersion":"v1.36.3"`) {
 		t.Errorf("JSON event %s lacks hop, hops and hopVersion", js.String())
+	}
+}
+
+// steps are three steps that end well, one with a message too long for a
+// 40-column terminal, then one that fails.
+var steps = []Event{
+	{Step: 1, Total: 3, Action: "create", Machine: "cp-a", Phase: Started},
+	{Step: 1, Total: 3, Action: "create", Machine: "cp-a", Phase: Done, ElapsedMs: 1200},
+	{Step: 2, Total: 3, Action: "delete", Machine: "cp-b", Phase: Started},
+	{Step: 2, Total: 3, Action: "delete", Machine: "cp-b", Phase: Done, Message: "drained node-b → evicted 14 pods", ElapsedMs: 65000},
+	{Step: 3, Total: 3, Action: "await-kcp", Phase: Started},
+	{Step: 3, Total: 3, Action: "await-kcp", Phase: Done, ElapsedMs: 300},
+	{Step: 3, Total: 3, Action: "handback", Phase: Started},
+	{Step: 3, Total: 3, Action: "handback", Phase: Failed, Message: "forbidden", ElapsedMs: 100},
+}
+
+// fakeTerminal is the terminal form drawing on w, cols wide. The spinner
+// itself draws only when stdout is a terminal; it is disabled so that it never
+// draws into w even when go test's stdout is one, and w holds exactly what the
+// reporter writes itself.
+func fakeTerminal(w io.Writer, cols int) *spinnerReporter {
+	r := newSpinnerReporter(w, func() int { return cols })
+	r.s.Disable()
+	return r
+}
+
+// On a terminal every step that ended stays on screen as one line, in order,
+// cut to the terminal's width.
+func TestTerminalKeepsALinePerFinishedStep(t *testing.T) {
+	const cols = 40
+	var w bytes.Buffer
+	r := fakeTerminal(&w, cols)
+	at := time.Date(2026, 11, 30, 1, 2, 3, 0, time.UTC)
+	for _, e := range steps {
+		e.Time = at
+		r.Report(e)
+	}
+	r.Stop()
+	want := []string{
+		"✓ [1/3] cp-a create done (1.2s)",
+		"✓ [2/3] cp-b delete done: drained node…",
+		"✓ [3/3] await-kcp done (300ms)",
+		"✗ [3/3] handback failed: forbidden (10…",
+	}
+	got := strings.Split(strings.TrimSuffix(w.String(), "\n"), "\n")
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("terminal lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for _, l := range got {
+		if n := utf8.RuneCountInString(l); n > cols {
+			t.Errorf("%q is %d runes, wider than %d columns", l, n, cols)
+		}
+	}
+}
+
+// The spinner's own line is cut to the terminal's columns and to the bytes
+// spinner v1.23.2 counts when it erases (see liveSuffix): were it counted
+// wider than the terminal, every redraw would erase the ✓ line above it.
+func TestSpinnerLineNeverErasesTheLineAbove(t *testing.T) {
+	const cols = 60
+	r := fakeTerminal(io.Discard, cols)
+	r.Report(Event{Time: time.Now(), Step: 2, Total: 3, Action: "await-deletion", Machine: "cp-b", Phase: Waiting,
+		Message: "DrainingNode → evicting pods"})
+	r.s.PreUpdate(r.s)
+	for _, frame := range spinnerFrames {
+		if n := len("\r" + frame + r.s.Suffix); n > cols {
+			t.Fatalf("the spinner counts %q as %d, wider than %d: it would erase the line above", frame+r.s.Suffix, n, cols)
+		}
+		if n := utf8.RuneCountInString(frame + r.s.Suffix); n > cols-1 {
+			t.Fatalf("the spinner's line %q takes %d columns, more than %d", frame+r.s.Suffix, n, cols-1)
+		}
+	}
+	if !strings.HasPrefix(r.s.Suffix, " [2/3] cp-b await-deletion waiting: DrainingNode →") || !strings.HasSuffix(r.s.Suffix, "…") {
+		t.Fatalf("the spinner's line %q", r.s.Suffix)
+	}
+}
+
+// Pipes and CI logs get every line whole, with its time, as before the
+// terminal kept its lines: no mark, nothing cut.
+func TestLinesOffATerminalAreUnchanged(t *testing.T) {
+	var out, errOut bytes.Buffer
+	r := New("text", &out, &errOut)
+	at := time.Date(2026, 11, 30, 1, 2, 3, 0, time.UTC)
+	for _, e := range steps {
+		e.Time = at
+		r.Report(e)
+	}
+	r.Stop()
+	want := "2026-11-30T01:02:03Z [1/3] cp-a create started\n" +
+		"2026-11-30T01:02:03Z [1/3] cp-a create done (1.2s)\n" +
+		"2026-11-30T01:02:03Z [2/3] cp-b delete started\n" +
+		"2026-11-30T01:02:03Z [2/3] cp-b delete done: drained node-b → evicted 14 pods (1m5s)\n" +
+		"2026-11-30T01:02:03Z [3/3] await-kcp started\n" +
+		"2026-11-30T01:02:03Z [3/3] await-kcp done (300ms)\n" +
+		"2026-11-30T01:02:03Z [3/3] handback started\n" +
+		"2026-11-30T01:02:03Z [3/3] handback failed: forbidden (100ms)\n"
+	if out.Len() != 0 || errOut.String() != want {
+		t.Fatalf("stdout %q, stderr:\n%s\nwant:\n%s", out.String(), errOut.String(), want)
 	}
 }
