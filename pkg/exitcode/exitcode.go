@@ -1,7 +1,7 @@
 // Package exitcode decides the process exit code of every command in one place.
 //
 // Runbooks branch on these numbers, so they are part of the tool's contract and
-// documented in the README. Code deep inside the tool marks an error with the
+// documented in the README and docs/usage.md. Code deep inside the tool marks an error with the
 // class it belongs to (Usage, Unsafe, Timeout, Locked, Forbidden, Unreachable);
 // main alone turns it into a number and exits.
 package exitcode
@@ -144,7 +144,7 @@ func Class(code int) string {
 // unauthenticated management cluster say nothing about it, a missing
 // permission little, a lock that someone else is at work, an unsafe state
 // that it needs a person. An interruption outranks them all, as the person or
-// supervisor who stopped the run decides what follows. The README documents
+// supervisor who stopped the run decides what follows. docs/usage.md documents
 // this order.
 var severity = [][]int{{OK}, {Usage}, {Unreachable}, {Forbidden}, {Locked}, {Unsafe}, {Timeout}, {Failure}, {Interrupted, Terminated}}
 

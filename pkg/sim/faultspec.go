@@ -40,7 +40,7 @@ const (
 	ClusterFault FaultScope = "cluster"
 )
 
-// Fault names and describes one fault, for help texts and the README.
+// Fault names and describes one fault, for help texts and docs/simulator.md.
 type Fault struct {
 	Name  string
 	Scope FaultScope

@@ -93,7 +93,7 @@ func TestAnnotationPatch(t *testing.T) {
 }
 
 // Every static pod component has its unready fault, and every fault says
-// what it does and how it is undone (the help text and README list them).
+// what it does and how it is undone (the help text and docs/simulator.md list them).
 func TestFaultCatalogue(t *testing.T) {
 	names := map[string]bool{}
 	for _, f := range sim.FaultCatalogue() {
