@@ -398,9 +398,9 @@ func (s *Sim) startRelease(startCtx, runCtx context.Context) error {
 	return warmWatchCaches(startCtx, s.mgmtConfig, s.mgmtEnv.CRDs)
 }
 
-// startReleaseManager starts a manager through setpriv, from the thread that
-// started the clusters (see lifetime.go), so that it dies with the
-// simulator's process however that ends. Its output goes to the simulator's
+// startReleaseManager starts a manager through setpriv, from a thread kept
+// until the simulator stops (onOwnThread, see lifetime.go), so that it dies
+// with the simulator's process however that ends. Its output goes to the simulator's
 // log, a line per entry.
 func (s *Sim) startReleaseManager(m *releaseManager, bin string, args []string) error {
 	name, argv := bin, args
