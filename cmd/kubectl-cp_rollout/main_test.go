@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -138,6 +141,32 @@ func TestKubectlCompletesThePlugin(t *testing.T) {
 	r := kubectl(t, nil, "__complete", "cp-rollout", "ver")
 	if !strings.Contains(r.stdout, "version") {
 		t.Fatalf("kubectl did not complete through kubectl_complete-cp_rollout:\n%s%s", r.stdout, r.log)
+	}
+}
+
+// TestKubectlCompletesClusterNames: `kubectl cp-rollout upgrade <TAB>` offers
+// the Clusters of the kubeconfig context's namespace, which the plugin reads
+// from the management cluster when kubectl runs its completion helper.
+func TestKubectlCompletesClusterNames(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/apis/cluster.x-k8s.io/v1beta2/namespaces/capi/clusters" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprint(w, `{"kind":"ClusterList","apiVersion":"cluster.x-k8s.io/v1beta2","metadata":{},"items":[`+
+			`{"metadata":{"name":"prod-eu1","namespace":"capi"},"spec":{"controlPlaneRef":{"apiGroup":"controlplane.cluster.x-k8s.io","kind":"KubeadmControlPlane","name":"prod-eu1"}}},`+
+			`{"metadata":{"name":"prod-us1","namespace":"capi"},"spec":{"controlPlaneRef":{"apiGroup":"controlplane.cluster.x-k8s.io","kind":"KubeadmControlPlane","name":"prod-us1"}}}]}`)
+	}))
+	defer api.Close()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	body := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: mgmt\n  cluster: {server: %q}\nusers:\n- name: me\n  user: {}\n"+
+		"contexts:\n- name: mgmt\n  context: {cluster: mgmt, user: me, namespace: capi}\ncurrent-context: mgmt\n", api.URL)
+	if err := os.WriteFile(kubeconfig, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := kubectl(t, []string{"KUBECONFIG=" + kubeconfig}, "__complete", "cp-rollout", "upgrade", "")
+	if r.stdout != "prod-eu1\nprod-us1\n:4\n" {
+		t.Fatalf("kubectl __complete cp-rollout upgrade '': stdout %q, want the two clusters and :4\n%s", r.stdout, r.log)
 	}
 }
 

@@ -41,7 +41,7 @@ func newChangeOptions(streams genericiooptions.IOStreams, operation string) chan
 // a selection of clusters adds addFleetFlags.
 func (o *changeOptions) addFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
-	o.requestOptions.addFlags(f)
+	o.requestOptions.addFlags(cmd)
 	o.waitLimits.addFlags(f)
 	f.BoolVar(&o.DryRun, "dry-run", false, "Print the plan (as the plan verb does) and change nothing")
 	f.StringVar(&o.OnFailure, "on-failure", o.OnFailure, "What a run that fails (exit 3 or 4) does with the KubeadmControlPlane's pause: stay (paused with the run's record; re-run to resume) or handback (give it back to KCP, unless a machine is still joining or deleting); the exit code is the failure's either way")

@@ -204,7 +204,7 @@ func TestVersionNamesTheProvenKCPRange(t *testing.T) {
 
 func TestCompletionScripts(t *testing.T) {
 	isolate(t)
-	for shell, marker := range map[string]string{"bash": "__kubectl-cp_rollout_", "zsh": "#compdef", "fish": "complete -c kubectl-cp_rollout"} {
+	for shell, marker := range map[string]string{"bash": "__kubectl-cp_rollout_", "zsh": "#compdef", "fish": "complete -c kubectl-cp_rollout", "powershell": "Register-ArgumentCompleter -CommandName 'kubectl-cp_rollout'"} {
 		r := run(t, "completion", shell)
 		if r.err != nil || !strings.Contains(r.out, marker) {
 			t.Errorf("completion %s: err %v, output lacks %q", shell, r.err, marker)

@@ -41,8 +41,9 @@ carries no record of this tool is someone else's and is never removed. A lock
 that a live run still renews is only released with --force. With -l/-A, each
 matching cluster is handed back in turn, once the list of them is confirmed
 (--yes, or an answer at the terminal) when it holds more than one.`,
-		Example: `  kubectl cp-rollout handback prod-eu1`,
-		Args:    clusterOrSelection,
+		Example:           `  kubectl cp-rollout handback prod-eu1`,
+		Args:              clusterOrSelection,
+		ValidArgsFunction: root.completeCluster,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},

@@ -53,6 +53,7 @@ While paused, KCP remediates no machine and renews no certificate.`,
 			}
 			return nil
 		},
+		ValidArgsFunction: root.completeCluster,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},

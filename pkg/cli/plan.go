@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
@@ -41,9 +40,14 @@ func newRequestOptions(streams genericiooptions.IOStreams, operation string) req
 	}
 }
 
-func (o *requestOptions) addFlags(f *pflag.FlagSet) {
+// requestOutputs are the values of the request verbs' -o.
+var requestOutputs = []string{"text", "json"}
+
+func (o *requestOptions) addFlags(cmd *cobra.Command) {
+	f := cmd.Flags()
 	f.Int32Var(&o.Request.MaxSurge, "max-surge", o.Request.MaxSurge, "Machines created above the replica count during a rollout: 1 (replacement first) or 0 (delete first, for clusters without spare capacity; needs at least 3 replicas); -1 uses the KubeadmControlPlane's rollout.strategy.rollingUpdate.maxSurge")
 	f.StringVarP(&o.Output, "output", "o", o.Output, "Progress format: text (spinner on a terminal, timestamped lines otherwise) or json (JSON Lines events on stdout)")
+	completeOutput(cmd, requestOutputs)
 	o.addEtcdEndpointFlag(f)
 	o.addKCPVersionFlag(f)
 }
@@ -60,7 +64,7 @@ func (o *requestOptions) validate() error {
 		// decides which reason to give.
 		return exitcode.Usagef("--max-surge 0 needs at least 3 replicas (--replicas is %d): deleting first would leave too few machines", *r)
 	}
-	if err := oneOf("output", o.Output, "text", "json"); err != nil {
+	if err := oneOf("output", o.Output, requestOutputs...); err != nil {
 		return err
 	}
 	if err := o.checkKCPVersionFlag(); err != nil {
@@ -217,13 +221,14 @@ start and take steps, 0 that it would find nothing to do.`,
   kubectl cp-rollout plan prod-eu1 --replicas 5 -o json
   kubectl cp-rollout plan prod-eu1 --rollout --certificates-expiring-within 30d
   kubectl cp-rollout plan prod-eu1 --version v1.36.3 --exit-code || echo "rollout pending"`,
-		Args: clusterOrSelection,
+		Args:              clusterOrSelection,
+		ValidArgsFunction: root.completeCluster,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},
 	}
 	f := cmd.Flags()
-	o.requestOptions.addFlags(f)
+	o.requestOptions.addFlags(cmd)
 	o.addSelectionFlags(f)
 	// No wait limits, --dry-run or --on-failure: a plan changes nothing and
 	// waits for nothing.
@@ -232,6 +237,7 @@ start and take steps, 0 that it would find nothing to do.`,
 	f.StringVar(&o.Request.Template, "infrastructure-template", "", "With --version: the InfraMachineTemplate the new machines are made from")
 	f.Int32Var(&o.replicas, "replicas", o.replicas, "Plan a scale to this many machines")
 	f.StringVar(&o.replace, "replace", "", "Plan the replacement of this machine")
+	_ = cmd.RegisterFlagCompletionFunc("replace", root.completePlanReplace)
 	f.BoolVar(&o.rollout, "rollout", false, "Plan the rollout of the KubeadmControlPlane's spec as it stands (the outdated machines)")
 	f.StringVar(&o.expiring, "certificates-expiring-within", "", "With --rollout: also the machines whose certificates expire within this time, in whole days (30d, 720h)")
 	f.BoolVar(&o.restart, "restart", false, "Plan the replacement of every machine")

@@ -65,7 +65,8 @@ again replaces their subjects, so list every subject at once.`,
 		Example: `  kubectl cp-rollout rbac | kubectl apply -f -
   kubectl cp-rollout rbac demo -n capi-prod | kubectl apply -f -
   kubectl cp-rollout rbac demo -n capi-prod --role view --group sre-oncall | kubectl apply -f -`,
-		Args: usageArgs(cobra.MaximumNArgs(1)),
+		Args:              usageArgs(cobra.MaximumNArgs(1)),
+		ValidArgsFunction: root.completeCluster,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},

@@ -37,6 +37,7 @@ quorum, and moves etcd leadership away first.`,
 			}
 			return nil
 		},
+		ValidArgsFunction: root.completeReplace,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},

@@ -31,7 +31,8 @@ the start of this operation's record, so a restart that is interrupted and run
 again keeps its cut-off and never replaces a machine it created.`,
 		Example: `  kubectl cp-rollout restart prod-eu1
   kubectl cp-rollout restart prod-eu1 --max-surge 0`,
-		Args: clusterOrSelection,
+		Args:              clusterOrSelection,
+		ValidArgsFunction: root.completeCluster,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},

@@ -50,7 +50,8 @@ spec.rollout.before.certificatesExpiryDays would, without writing that field.`,
   kubectl patch kcp prod-eu1-control-plane --type merge -p '...'   # or let GitOps apply it
   kubectl cp-rollout rollout prod-eu1
   kubectl cp-rollout rollout prod-eu1 --certificates-expiring-within 30d`,
-		Args: clusterOrSelection,
+		Args:              clusterOrSelection,
+		ValidArgsFunction: root.completeCluster,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},

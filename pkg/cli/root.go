@@ -124,6 +124,7 @@ control-plane machine, never lose etcd quorum).`,
 	})
 
 	o.ConfigFlags.AddFlags(cmd.PersistentFlags())
+	o.addNameCompletions(cmd)
 	cmd.PersistentFlags().StringVar(&o.ConfigFile, configFlag, o.ConfigFile,
 		"Path to the configuration file (environment: "+envPrefix+"_CONFIG)")
 	addVerbosityFlag(cmd.PersistentFlags(), &o.Verbosity)

@@ -32,8 +32,9 @@ next; scaling down picks machines in KCP's order, moves etcd leadership away,
 removes each member before its machine goes, and never deletes the last
 machine or a member whose removal would cost quorum. With stacked etcd, N must
 be odd. With -l/-A, every matching cluster is scaled, as upgrade does.`,
-		Example: `  kubectl cp-rollout scale prod-eu1 --replicas 5`,
-		Args:    clusterOrSelection,
+		Example:           `  kubectl cp-rollout scale prod-eu1 --replicas 5`,
+		Args:              clusterOrSelection,
+		ValidArgsFunction: root.completeCluster,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},

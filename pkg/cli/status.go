@@ -29,6 +29,9 @@ type StatusOptions struct {
 	Etcd bool
 }
 
+// statusOutputs are the values of status's -o.
+var statusOutputs = []string{"text", "wide", "json", "yaml"}
+
 // NewStatusOptions returns the status verb's defaults.
 func NewStatusOptions(streams genericiooptions.IOStreams) *StatusOptions {
 	return &StatusOptions{Output: "text", Streams: streams}
@@ -59,12 +62,14 @@ and the last one finished), from a few reads of the management cluster alone;
   kubectl cp-rollout status prod-eu1 -o json | jq '.etcdMembers[] | select(.leader)'
   kubectl cp-rollout status -A
   kubectl cp-rollout status -l env=staging --etcd -o wide`,
-		Args: clusterOrSelection,
+		Args:              clusterOrSelection,
+		ValidArgsFunction: root.completeCluster,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},
 	}
 	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text, wide, json or yaml")
+	completeOutput(cmd, statusOutputs)
 	o.addEtcdEndpointFlag(cmd.Flags())
 	o.addSelectionFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&o.Etcd, "etcd", false, "With -l/-A: also read each workload cluster's etcd members and health (a single cluster's status always does)")
@@ -79,7 +84,7 @@ func (o *StatusOptions) Complete(_ *cobra.Command, args []string) error {
 
 // Validate checks the flags; it reads nothing but the options.
 func (o *StatusOptions) Validate() error {
-	if err := oneOf("output", o.Output, "text", "wide", "json", "yaml"); err != nil {
+	if err := oneOf("output", o.Output, statusOutputs...); err != nil {
 		return err
 	}
 	if err := o.validateSelection("status"); err != nil {

@@ -65,7 +65,8 @@ listed and confirmed at the terminal, or needs --yes.`,
   kubectl cp-rollout upgrade staging-7 --version v1.36.3 --wait-workers
   kubectl cp-rollout upgrade legacy-2 --version v1.36.3 --via v1.35.2
   kubectl cp-rollout upgrade -A -l env=staging --version v1.36.3 --parallel 2 --max-failures 1`,
-		Args: clusterOrSelection,
+		Args:              clusterOrSelection,
+		ValidArgsFunction: root.completeCluster,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},

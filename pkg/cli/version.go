@@ -23,6 +23,9 @@ func NewVersionOptions(streams genericiooptions.IOStreams) *VersionOptions {
 	return &VersionOptions{Output: "text", Streams: streams}
 }
 
+// versionOutputs are the values of version's -o.
+var versionOutputs = []string{"text", "json"}
+
 // NewCmdVersion returns the version verb. runF, when set, replaces Run, so
 // tests can see what the flags resolve to.
 func NewCmdVersion(streams genericiooptions.IOStreams, runF func(*VersionOptions) error) *cobra.Command {
@@ -36,6 +39,7 @@ func NewCmdVersion(streams genericiooptions.IOStreams, runF func(*VersionOptions
 		},
 	}
 	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text or json")
+	completeOutput(cmd, versionOutputs)
 	return cmd
 }
 
@@ -44,7 +48,7 @@ func (o *VersionOptions) Complete(*cobra.Command, []string) error { return nil }
 
 // Validate checks the flags; it reads nothing but the options.
 func (o *VersionOptions) Validate() error {
-	return oneOf("output", o.Output, "text", "json")
+	return oneOf("output", o.Output, versionOutputs...)
 }
 
 // versionInfo is the build's identity and the KCP controllers it is proven

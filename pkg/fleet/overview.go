@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -167,10 +168,7 @@ func (s *kcpSummary) fill(r *Row) {
 // those of them up to date at version.
 func countMachines(ctx context.Context, l *Lister, r *Row, version string) error {
 	r.Machines, r.UpToDate = 0, 0
-	// The selector KCP writes into its status: the cluster's control-plane
-	// machines.
-	controlPlaneMachines := clusterv1.ClusterNameLabel + "=" + r.Name + "," + clusterv1.MachineControlPlaneLabel
-	err := listEach(ctx, l, collection{gv: clusterv1.GroupVersion, resource: "machines", namespace: r.Namespace, labels: controlPlaneMachines},
+	err := listEach(ctx, l, controlPlaneMachines(r.Cluster),
 		func(m *clusterv1.Machine) {
 			owner := metav1.GetControllerOf(m)
 			if owner == nil || owner.Kind != "KubeadmControlPlane" || owner.Name != r.ControlPlane {
@@ -183,6 +181,28 @@ func countMachines(ctx context.Context, l *Lister, r *Row, version string) error
 			}
 		})
 	return wrap(err, "the control-plane Machines of "+r.Cluster.String(), Scope{Namespace: r.Namespace})
+}
+
+// controlPlaneMachines is where cl's control-plane Machines are: the
+// selector KCP writes into its status.
+func controlPlaneMachines(cl Cluster) collection {
+	return collection{gv: clusterv1.GroupVersion, resource: "machines", namespace: cl.Namespace,
+		labels: clusterv1.ClusterNameLabel + "=" + cl.Name + "," + clusterv1.MachineControlPlaneLabel}
+}
+
+// ControlPlaneMachines names cl's control-plane Machines, in name order, from
+// one list (shell completion offers them to replace). Only their metadata is
+// decoded: the names are all it keeps.
+func ControlPlaneMachines(ctx context.Context, l *Lister, cl Cluster) ([]string, error) {
+	var names []string
+	err := listEach(ctx, l, controlPlaneMachines(cl), func(m *metav1.PartialObjectMetadata) {
+		names = append(names, m.Name)
+	})
+	if err != nil {
+		return nil, wrap(err, "the control-plane Machines of "+cl.String(), Scope{Namespace: cl.Namespace})
+	}
+	sort.Strings(names)
+	return names, nil
 }
 
 func wrap(err error, what string, scope Scope) error {
