@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
@@ -42,6 +43,69 @@ type Status struct {
 	// KCPController is the KubeadmControlPlane controller as status found
 	// it; nil when it was not looked for.
 	KCPController *KCPControllerStatus `json:"kcpController,omitempty"`
+	// Acting is who changes the control plane's machines now.
+	Acting ActingStatus `json:"acting"`
+}
+
+// ActingStatus says who changes a control plane's machines now: a run of
+// this tool, KCP's own controller, or nobody. Watching a rollout, this is
+// the first question, whichever of the two rolls it.
+type ActingStatus struct {
+	// Who is "cp-rollout", "KCP" or "nobody".
+	Who string `json:"who"`
+	// What it does: the run's operation and holder; the conditions by which
+	// KCP reports its work (RollingOut, ScalingUp, ScalingDown,
+	// Remediating); for nobody, "KCP paused" when nothing will act until the
+	// pause is lifted.
+	What string `json:"what,omitempty"`
+}
+
+func (a ActingStatus) String() string {
+	if a.What == "" {
+		return a.Who
+	}
+	return a.Who + " (" + a.What + ")"
+}
+
+// kcpActivities are the KubeadmControlPlane conditions that are True while
+// its controller creates, deletes or replaces machines.
+var kcpActivities = []string{
+	controlplanev1.KubeadmControlPlaneRollingOutCondition,
+	controlplanev1.KubeadmControlPlaneScalingUpCondition,
+	controlplanev1.KubeadmControlPlaneScalingDownCondition,
+	controlplanev1.KubeadmControlPlaneRemediatingCondition,
+}
+
+// KCPActivity names the kcpActivities conditions that are True on kcp.
+func KCPActivity(kcp *controlplanev1.KubeadmControlPlane) []string {
+	var busy []string
+	for _, c := range kcpActivities {
+		if conditions.IsTrue(kcp, c) {
+			busy = append(busy, c)
+		}
+	}
+	return busy
+}
+
+// Acting says who changes the machines, from what status already reads: a
+// live lock is a run of this tool (whatever the pause says: a run takes the
+// lock before it pauses); otherwise a KCP that is not paused acts when its
+// conditions say so (kcpBusy, from KCPActivity). A paused KCP with no run is
+// nobody's: the pause holds KCP back until a run resumes or hands back.
+func Acting(lock *LockStatus, rec *controlplane.Record, paused bool, kcpBusy []string) ActingStatus {
+	switch {
+	case lock != nil && lock.Live && lock.Holder != "":
+		what := lock.Holder
+		if rec != nil && rec.Operation != controlplane.PauseOperation {
+			what = rec.Operation + " by " + lock.Holder
+		}
+		return ActingStatus{Who: "cp-rollout", What: what}
+	case paused:
+		return ActingStatus{Who: "nobody", What: "KCP paused"}
+	case len(kcpBusy) > 0:
+		return ActingStatus{Who: "KCP", What: strings.Join(kcpBusy, ", ")}
+	}
+	return ActingStatus{Who: "nobody"}
 }
 
 // KCPControllerStatus is the KubeadmControlPlane controller's version and
@@ -186,6 +250,7 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 	case lease != nil:
 		st.Lock = LockOf(lease, time.Now())
 	}
+	st.Acting = Acting(st.Lock, rec, paused, KCPActivity(cp.KCP))
 
 	// live says whether s holds the workload cluster's nodes and etcd
 	// members too, which a machine's problem and the next step depend on.

@@ -3,6 +3,8 @@ package rollout
 import (
 	"context"
 	"testing"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 )
 
 // TestStatusWithoutTheWorkloadCluster: an engine with no workload client (the
@@ -46,5 +48,36 @@ func TestStatusShowsAStaleMemberAsNext(t *testing.T) {
 	}
 	if st.Next == nil || st.Next.Action != string(RemoveStaleMember) || st.Next.Member != staleLearner.String() {
 		t.Fatalf("next %+v, want %s of %s", st.Next, RemoveStaleMember, staleLearner)
+	}
+}
+
+// TestActing: a live lock is a run of this tool, named by its operation and
+// holder (a run takes the lock before it pauses, and `pause` holds it
+// without an operation); a lock that went unrenewed is nobody's; KCP acts
+// only unpaused, by its own conditions; a paused KCP with no run is nobody's.
+func TestActing(t *testing.T) {
+	run := &controlplane.Record{Operation: "upgrade", Target: "v1.36.3", Who: "alice@ops/pid-1"}
+	held := &controlplane.Record{Operation: controlplane.PauseOperation, Who: "bob@ops/pid-2"}
+	live := &LockStatus{Holder: "alice@ops/pid-1-x", Live: true}
+	expired := &LockStatus{Holder: "alice@ops/pid-1-x"}
+	for _, tc := range []struct {
+		name   string
+		lock   *LockStatus
+		rec    *controlplane.Record
+		paused bool
+		busy   []string
+		want   string
+	}{
+		{"a run", live, run, true, nil, "cp-rollout (upgrade by alice@ops/pid-1-x)"},
+		{"a run before it pauses", live, nil, false, []string{"RollingOut"}, "cp-rollout (alice@ops/pid-1-x)"},
+		{"pause holding the lock", live, held, true, nil, "cp-rollout (alice@ops/pid-1-x)"},
+		{"a run that is gone", expired, run, true, nil, "nobody (KCP paused)"},
+		{"KCP rolling out", nil, nil, false, []string{"RollingOut", "ScalingUp"}, "KCP (RollingOut, ScalingUp)"},
+		{"KCP paused by someone", nil, nil, true, []string{"RollingOut"}, "nobody (KCP paused)"},
+		{"KCP idle", expired, nil, false, nil, "nobody"},
+	} {
+		if got := Acting(tc.lock, tc.rec, tc.paused, tc.busy).String(); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }

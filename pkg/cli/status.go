@@ -17,6 +17,7 @@ import (
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/fleet"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
@@ -27,14 +28,24 @@ type StatusOptions struct {
 	Streams genericiooptions.IOStreams
 	// Etcd adds, over a fleet, each workload cluster's etcd health.
 	Etcd bool
+	// Watch shows the status again, read afresh every Interval, until
+	// Ctrl-C.
+	Watch    bool
+	Interval time.Duration
+	// intervalGiven is whether --interval was on the command line: it
+	// needs -w.
+	intervalGiven bool
 }
+
+// defaultWatchInterval is how often status -w reads the status afresh.
+const defaultWatchInterval = 2 * time.Second
 
 // statusOutputs are the values of status's -o.
 var statusOutputs = []string{"text", "wide", "json", "yaml"}
 
 // NewStatusOptions returns the status verb's defaults.
 func NewStatusOptions(streams genericiooptions.IOStreams) *StatusOptions {
-	return &StatusOptions{Output: "text", Streams: streams}
+	return &StatusOptions{Output: "text", Streams: streams, Interval: defaultWatchInterval}
 }
 
 // NewCmdStatus returns the status verb. runF, when set, replaces Run, so tests
@@ -55,10 +66,18 @@ alone) sees the management cluster's half, without nodes, etcd members or the
 next step, and a warning on stderr; the exit code is still 0.
 
 With -l SELECTOR or -A instead of CLUSTER: one row per cluster (version,
-machines up to date, pause and by whom, lock holder, operation in progress
-and the last one finished), from a few reads of the management cluster alone;
---etcd adds each workload cluster's etcd health, read a few clusters at a time.`,
+machines up to date, who acts, pause and by whom, lock holder, operation in
+progress and the last one finished), from a few reads of the management
+cluster alone; --etcd adds each workload cluster's etcd health, read a few
+clusters at a time.
+
+With -w, the status is read afresh every --interval and shown again until
+Ctrl-C (exit 0), whether this tool or KCP rolls the machines (ACTING says
+which): on a terminal redrawn in place, as watch(1) does; otherwise a new
+block, headed by its time, only when the status changed; with -o json one
+object per line for each change (over -l/-A, each cluster's row that changed).`,
 		Example: `  kubectl cp-rollout status prod-eu1
+  kubectl cp-rollout status prod-eu1 -w
   kubectl cp-rollout status prod-eu1 -o json | jq '.etcdMembers[] | select(.leader)'
   kubectl cp-rollout status -A
   kubectl cp-rollout status -l env=staging --etcd -o wide`,
@@ -73,12 +92,15 @@ and the last one finished), from a few reads of the management cluster alone;
 	o.addEtcdEndpointFlag(cmd.Flags())
 	o.addSelectionFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&o.Etcd, "etcd", false, "With -l/-A: also read each workload cluster's etcd members and health (a single cluster's status always does)")
+	cmd.Flags().BoolVarP(&o.Watch, "watch", "w", false, "Show the status again as it changes, read afresh every --interval, until Ctrl-C")
+	cmd.Flags().DurationVar(&o.Interval, "interval", o.Interval, "With -w: how often the status is read afresh")
 	return cmd
 }
 
 // Complete takes the cluster's name, if given.
-func (o *StatusOptions) Complete(_ *cobra.Command, args []string) error {
+func (o *StatusOptions) Complete(cmd *cobra.Command, args []string) error {
 	o.completeCluster(args)
+	o.intervalGiven = cmd.Flags().Changed("interval")
 	return nil
 }
 
@@ -90,30 +112,81 @@ func (o *StatusOptions) Validate() error {
 	if err := o.validateSelection("status"); err != nil {
 		return err
 	}
+	switch {
+	case o.intervalGiven && !o.Watch:
+		return exitcode.Usagef("--interval needs -w: it is how often a watch reads the status")
+	case o.Interval <= 0:
+		return exitcode.Usagef("--interval must be positive, not %s", o.Interval)
+	case o.Watch && o.Output == "yaml":
+		// A YAML stream of changes would need document separators no one
+		// reads for; JSON Lines are what a program follows.
+		return exitcode.Usagef("-w cannot go with -o yaml: use -o json, which prints one object per line for each change")
+	}
 	return o.validateEtcdEndpoint()
 }
 
-// Run prints the status to stdout.
+// Run prints the status to stdout, or with -w keeps printing it.
 func (o *StatusOptions) Run(ctx context.Context) error {
-	if o.fleet() {
-		return o.runFleet(ctx)
+	read := o.readFleet
+	if !o.fleet() {
+		readCluster, closeEngine, err := o.clusterReader(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeEngine()
+		read = readCluster
 	}
+	if o.Watch {
+		return o.watcher().run(ctx, read)
+	}
+	v, err := read(ctx)
+	if err != nil {
+		return err
+	}
+	return o.print(o.Streams.Out, v, time.Now())
+}
+
+// statusView is what one read shows: one cluster's status, or the rows of
+// a fleet.
+type statusView struct {
+	status *rollout.Status
+	rows   []fleet.Row
+}
+
+// clusterReader connects to the named cluster once and returns what reads
+// its status, afresh at each call: -w calls it every interval. The
+// connection (the permission check, the workload cluster's kubeconfig, the
+// etcd client) is set up once; every read through it is live.
+func (o *StatusOptions) clusterReader(ctx context.Context) (read func(context.Context) (*statusView, error), closeEngine func(), err error) {
 	engine, closeEngine, err := o.connect(ctx, viewOnly(o.Streams.ErrOut))
 	if err != nil {
+		return nil, nil, err
+	}
+	return func(ctx context.Context) (*statusView, error) {
+		st, err := engine.Status(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if r, ok := engine.ControlPlane.(kcpVersionReader); ok {
+			st.KCPController = kcpController(r.KCPControllerVersion(ctx))
+		}
+		return &statusView{status: st}, nil
+	}, closeEngine, nil
+}
+
+// print prints v as -o asks.
+func (o *StatusOptions) print(out io.Writer, v *statusView, now time.Time) error {
+	var data any = v.rows
+	if v.status != nil {
+		data = v.status
+	}
+	if done, err := o.printData(out, data); done {
 		return err
 	}
-	defer closeEngine()
-	st, err := engine.Status(ctx)
-	if err != nil {
-		return err
+	if v.status != nil {
+		return printStatus(out, v.status, o.Output == "wide", now)
 	}
-	if r, ok := engine.ControlPlane.(kcpVersionReader); ok {
-		st.KCPController = kcpController(r.KCPControllerVersion(ctx))
-	}
-	if done, err := o.printData(st); done {
-		return err
-	}
-	return printStatus(o.Streams.Out, st, o.Output == "wide", time.Now())
+	return printFleetStatus(out, v.rows, o.Output == "wide", o.Etcd)
 }
 
 // kcpVersionReader finds the KCP controller's version; *controlplane.Client,
@@ -162,10 +235,10 @@ func kcpControllerLine(k *rollout.KCPControllerStatus) string {
 
 // printData prints v as -o json or yaml asks; done is false for the table
 // formats, which each caller prints its own way.
-func (o *StatusOptions) printData(v any) (done bool, err error) {
+func (o *StatusOptions) printData(out io.Writer, v any) (done bool, err error) {
 	switch o.Output {
 	case "json":
-		enc := json.NewEncoder(o.Streams.Out)
+		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		return true, enc.Encode(v)
 	case "yaml":
@@ -173,7 +246,7 @@ func (o *StatusOptions) printData(v any) (done bool, err error) {
 		if err != nil {
 			return true, err
 		}
-		_, err = o.Streams.Out.Write(raw)
+		_, err = out.Write(raw)
 		return true, err
 	}
 	return false, nil
@@ -183,6 +256,7 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	cp := st.ControlPlane
 	fmt.Fprintf(w, "CLUSTER\t%s/%s\n", st.Namespace, st.Cluster)
+	fmt.Fprintf(w, "ACTING\t%s\n", st.Acting)
 	fmt.Fprintf(w, "CONTROL PLANE\t%s  %s  %d replicas  %s\n", cp.Name, cp.Version, cp.Replicas, rollout.PauseState(cp.Paused, st.Operation))
 	if st.KCPController != nil {
 		fmt.Fprintf(w, "KCP CONTROLLER\t%s\n", kcpControllerLine(st.KCPController))

@@ -18,30 +18,28 @@ import (
 // port-forward per member through its workload API server.
 const etcdReadsAtOnce = 8
 
-// runFleet prints one row per selected cluster.
-func (o *StatusOptions) runFleet(ctx context.Context) error {
+// readFleet reads one row per selected cluster, afresh at each call: -w
+// calls it every interval.
+func (o *StatusOptions) readFleet(ctx context.Context) (*statusView, error) {
 	scope, err := o.scope()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	mgmt, err := o.managementReader()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rows, err := fleet.Overview(ctx, mgmt, scope)
 	if err != nil {
-		return o.firstContact(ctx, err)
+		return nil, o.firstContact(ctx, err)
 	}
 	if len(rows) == 0 {
-		return exitcode.Usagef("no Cluster %s", scope)
+		return nil, exitcode.Usagef("no Cluster %s", scope)
 	}
 	if o.Etcd {
 		o.readEtcd(ctx, rows)
 	}
-	if done, err := o.printData(rows); done {
-		return err
-	}
-	return printFleetStatus(o.Streams.Out, rows, o.Output == "wide", o.Etcd)
+	return &statusView{rows: rows}, nil
 }
 
 // readEtcd fills each row's etcd health, etcdReadsAtOnce clusters at a time.
@@ -91,7 +89,7 @@ func (o *StatusOptions) etcdHealth(ctx context.Context, c fleet.Cluster) *fleet.
 
 func printFleetStatus(out io.Writer, rows []fleet.Row, wide, etcd bool) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	header := "CLUSTER\tVERSION\tREPLICAS\tUP-TO-DATE\tPAUSED\tLOCK\tOPERATION\tLAST OPERATION"
+	header := "CLUSTER\tVERSION\tREPLICAS\tUP-TO-DATE\tACTING\tPAUSED\tLOCK\tOPERATION\tLAST OPERATION"
 	if etcd {
 		header += "\tETCD"
 	}
@@ -104,8 +102,8 @@ func printFleetStatus(out io.Writer, rows []fleet.Row, wide, etcd bool) error {
 		if r.Problem != "" {
 			problems = append(problems, fmt.Sprintf("%s: %s", r.Cluster, r.Problem))
 		}
-		line := fmt.Sprintf("%s\t%s\t%d\t%d/%d\t%s\t%s\t%s\t%s", r.Cluster, dash(r.Version), r.Replicas, r.UpToDate, r.Machines,
-			pausedBy(r), lockOf(r), dash(operation(r.Operation)), dash(lastOperation(r.LastOperation)))
+		line := fmt.Sprintf("%s\t%s\t%d\t%d/%d\t%s\t%s\t%s\t%s\t%s", r.Cluster, dash(r.Version), r.Replicas, r.UpToDate, r.Machines,
+			actingOf(r), pausedBy(r), lockOf(r), dash(operation(r.Operation)), dash(lastOperation(r.LastOperation)))
 		if etcd {
 			line += "\t" + etcdOf(r.Etcd)
 		}
@@ -124,6 +122,18 @@ func printFleetStatus(out io.Writer, rows []fleet.Row, wide, etcd bool) error {
 		}
 	}
 	return w.Flush()
+}
+
+// actingOf is the ACTING column: who changes the machines, and for KCP or
+// nobody why; a run of this tool is named by the LOCK and OPERATION columns.
+func actingOf(r fleet.Row) string {
+	switch {
+	case r.Acting == nil:
+		return "-"
+	case r.Acting.Who == "cp-rollout":
+		return r.Acting.Who
+	}
+	return r.Acting.String()
 }
 
 func pausedBy(r fleet.Row) string {

@@ -40,6 +40,9 @@ type Row struct {
 	Lock          *rollout.LockStatus  `json:"lock,omitempty"`
 	Operation     *controlplane.Record `json:"operation,omitempty"`
 	LastOperation *controlplane.Record `json:"lastOperation,omitempty"`
+	// Acting is who changes the control plane's machines now (as status
+	// CLUSTER says it); nil when the KubeadmControlPlane was not read.
+	Acting *rollout.ActingStatus `json:"acting,omitempty"`
 	// Problem is why the row is incomplete: the Cluster is skipped by fleet
 	// commands, or its KubeadmControlPlane cannot be read.
 	Problem string `json:"problem,omitempty"`
@@ -121,6 +124,8 @@ func Overview(ctx context.Context, l *Lister, scope Scope) ([]Row, error) {
 			continue
 		}
 		kcp.fill(r)
+		acting := rollout.Acting(r.Lock, r.Operation, r.Paused, kcp.busy)
+		r.Acting = &acting
 		if !r.Paused && kcp.current {
 			continue
 		}
@@ -136,10 +141,12 @@ type kcpSummary struct {
 	// current is true when KCP has observed the current spec: the machine
 	// counts of its status are its own, for this spec.
 	current bool
+	// busy names the conditions by which KCP says it is changing machines.
+	busy []string
 }
 
 func summarize(kcp *controlplanev1.KubeadmControlPlane) *kcpSummary {
-	s := &kcpSummary{current: kcp.Status.ObservedGeneration == kcp.Generation}
+	s := &kcpSummary{current: kcp.Status.ObservedGeneration == kcp.Generation, busy: rollout.KCPActivity(kcp)}
 	r := &s.row
 	r.Version, r.Replicas = kcp.Spec.Version, ptr.Deref(kcp.Spec.Replicas, 1)
 	r.Machines, r.UpToDate = ptr.Deref(kcp.Status.Replicas, 0), ptr.Deref(kcp.Status.UpToDateReplicas, 0)

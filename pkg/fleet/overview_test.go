@@ -162,7 +162,14 @@ func TestSelectAndOverviewReadTheFleetFromTheManagementCluster(t *testing.T) {
 	if r := byName["inert-3"]; r.Machines != 3 || r.UpToDate != 2 || !r.Paused || r.PausedByUs {
 		t.Errorf("inert-3, paused by someone else, a machine deleting: %+v, want 2 of 3 machines up to date", r)
 	}
-	if r := byName["other"]; r.Problem == "" || r.ControlPlane != "" {
+	// Who acts: the run holding inert-2's lock; nobody on inert-3, whose
+	// pause holds KCP back; nobody on inert-1, whose KCP reports no work.
+	for name, want := range map[string]string{"inert-1": "nobody", "inert-2": "cp-rollout (upgrade by alice@ops/pid-1)", "inert-3": "nobody (KCP paused)"} {
+		if a := byName[name].Acting; a == nil || a.String() != want {
+			t.Errorf("%s: acting %v, want %s", name, a, want)
+		}
+	}
+	if r := byName["other"]; r.Problem == "" || r.ControlPlane != "" || r.Acting != nil {
 		t.Errorf("other: %+v, want its problem and no control plane", r)
 	}
 }
