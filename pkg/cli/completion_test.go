@@ -3,7 +3,6 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -243,21 +242,7 @@ func TestCompletionWithoutTheManagementCluster(t *testing.T) {
 		t.Errorf("refused: took %s", took)
 	}
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			conn, err := l.Accept()
-			if err != nil {
-				return
-			}
-			defer conn.Close() // accepted, never answered
-		}
-	}()
-	useManagement(t, "http://"+l.Addr().String())
+	useManagement(t, "http://"+silentServer(t))
 	defer func(d time.Duration) { completionTimeout = d }(completionTimeout)
 	completionTimeout = 300 * time.Millisecond
 	start = time.Now()

@@ -154,21 +154,7 @@ func TestPreflightWithoutTheSecrets(t *testing.T) {
 // context.DeadlineExceeded; it is exit 7 (no answer), not 4 (a wait of the
 // tool's that ran out).
 func TestFirstContactTimeoutIsUnreachable(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			conn, err := l.Accept()
-			if err != nil {
-				return
-			}
-			defer conn.Close() // accepted, never answered
-		}
-	}()
-	_, err = (&http.Client{Timeout: 200 * time.Millisecond}).Get("http://" + l.Addr().String() + "/api")
+	_, err := (&http.Client{Timeout: 200 * time.Millisecond}).Get("http://" + silentServer(t) + "/api")
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a request to a silent server: %v, want a timeout", err)
 	}
@@ -203,4 +189,25 @@ func TestManagementRequestsAreBounded(t *testing.T) {
 			t.Errorf("--request-timeout %s: requests bounded by %s, want %s", tc.flag, cfg.Timeout, tc.want)
 		}
 	}
+}
+
+// silentServer is the address of a server that accepts connections and never
+// answers, until the test ends.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer conn.Close() // accepted, never answered
+		}
+	}()
+	return l.Addr().String()
 }
