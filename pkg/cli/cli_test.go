@@ -361,6 +361,8 @@ func TestRunResult(t *testing.T) {
 		{[]string{"upgrade", "demo", "-o", "json"}, Result{JSON: true, Cluster: "demo"}}, // refused before the namespace was resolved
 		{[]string{"status", "-A", "-o", "json"}, Result{JSON: true}},
 		{[]string{"status", "-A", "-o", "yaml"}, Result{}},
+		{[]string{"status", "-A", "-o", "jsonpath={.cluster}"}, Result{}},
+		{[]string{"handback", "demo", "-o", "json"}, Result{JSON: true, Cluster: "demo", Namespace: "default"}},
 	} {
 		res, err := Run(context.Background(), streams, tc.args)
 		if err == nil {

@@ -94,8 +94,25 @@ func (o *CompletionOptions) Run(context.Context) error {
 var completionTimeout = 5 * time.Second
 
 // completeOutput offers values, the values a verb's Validate accepts for -o.
+// A value that takes a template after its "=" (status's jsonpath= …) is
+// completed without the space a shell adds after a word, when it is all
+// that is offered: the template follows.
 func completeOutput(cmd *cobra.Command, values []string) {
-	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("output", func(_ *cobra.Command, _ []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		directive := cobra.ShellCompDirectiveNoFileComp
+		var offered []cobra.Completion
+		templated := true
+		for _, v := range values {
+			if strings.HasPrefix(v, toComplete) {
+				offered = append(offered, v)
+				templated = templated && strings.HasSuffix(v, "=")
+			}
+		}
+		if len(offered) > 0 && templated {
+			directive |= cobra.ShellCompDirectiveNoSpace
+		}
+		return offered, directive
+	})
 }
 
 // addNameCompletions completes the connection flags every verb shares.

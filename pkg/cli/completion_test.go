@@ -214,7 +214,7 @@ func TestCompletionOffersEachVerbsOutputs(t *testing.T) {
 	allowed := regexp.MustCompile(`--output must be one of (.*), not "xml"`)
 	for _, args := range [][]string{
 		{"upgrade", "demo", "--version", "v1.36.3"}, {"scale", "demo", "--replicas", "3"}, {"replace", "demo", "m"},
-		{"rollout", "demo"}, {"restart", "demo"}, {"plan", "demo", "--restart"}, {"status", "demo"}, {"version"},
+		{"rollout", "demo"}, {"restart", "demo"}, {"plan", "demo", "--restart"}, {"status", "demo"}, {"handback", "demo"}, {"version"},
 	} {
 		got := complete(t, append(slices.Clone(args[:1]), "-o", "")...)
 		r := run(t, append(args, "-o", "xml")...)
@@ -225,6 +225,26 @@ func TestCompletionOffersEachVerbsOutputs(t *testing.T) {
 		}
 		if want := strings.Split(m[1], ", "); !slices.Equal(got, want) {
 			t.Errorf("%s -o <TAB>: %q, but it accepts %q", args[0], got, want)
+		}
+	}
+}
+
+// TestCompletionOfATemplatedOutput: a value of -o that takes a template
+// after its "=" is completed without the shell's space after it when it is
+// all that is offered, so that the template follows.
+func TestCompletionOfATemplatedOutput(t *testing.T) {
+	isolate(t)
+	for _, tc := range []struct {
+		prefix, want string
+	}{
+		{"custom", "custom-columns=\n:6\n"},    // no space, no file names
+		{"js", "json\njsonpath=\n:4\n"},        // json is a whole value
+		{"go-template=", "go-template=\n:6\n"}, // the template is the user's
+		{"w", "wide\n:4\n"},
+	} {
+		r := run(t, "__complete", "status", "demo", "-o", tc.prefix)
+		if r.err != nil || r.out != tc.want {
+			t.Errorf("status -o %s<TAB>: %q (%v), want %q", tc.prefix, r.out, r.err, tc.want)
 		}
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"strings"
 	"sync/atomic"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -350,15 +349,18 @@ func printFleet(out io.Writer, output string, rows []fleetRow, code int) error {
 			Clusters []fleetRow     `json:"clusters"`
 		}{time.Now(), "fleet", phase, code, rows})
 	}
-	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "CLUSTER\tRESULT\tEXIT\tMACHINES\tDURATION\tMESSAGE")
+	var cells [][]any
 	for _, r := range rows {
 		exit, duration := "-", "-"
 		if r.ExitCode != nil {
 			exit = fmt.Sprint(*r.ExitCode)
 			duration = (time.Duration(r.DurationMs) * time.Millisecond).Round(100 * time.Millisecond).String()
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Cluster, r.Result, exit, dash(r.Machines), duration, dash(firstLine(r.Message)))
+		cells = append(cells, []any{r.Cluster.String(), r.Result, exit, dash(r.Machines), duration, dash(firstLine(r.Message))})
+	}
+	w := newTabWriter(out)
+	if err := printTable(w, tableColumns([]string{"CLUSTER", "RESULT", "EXIT", "MACHINES", "DURATION", "MESSAGE"}), cells, tableOptions{}); err != nil {
+		return err
 	}
 	return w.Flush()
 }

@@ -2,7 +2,9 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
@@ -19,11 +21,25 @@ type HandbackOptions struct {
 	// Handing back more than one cluster, or with -A alone, is confirmed.
 	confirmation
 	Streams genericiooptions.IOStreams
+	// Output is text (a line for each thing done) or json (an object per
+	// cluster).
+	Output string
+}
+
+// handbackOutputs are the values of handback's -o.
+var handbackOutputs = []string{"text", "json"}
+
+// handedBack is what handback -o json prints of a cluster: what it did, in
+// the words of the text form's lines.
+type handedBack struct {
+	Cluster   string   `json:"cluster"`
+	Namespace string   `json:"namespace"`
+	Done      []string `json:"done"`
 }
 
 // NewHandbackOptions returns the handback verb's defaults.
 func NewHandbackOptions(streams genericiooptions.IOStreams) *HandbackOptions {
-	return &HandbackOptions{Streams: streams, confirmation: newConfirmation(streams)}
+	return &HandbackOptions{Streams: streams, confirmation: newConfirmation(streams), Output: "text"}
 }
 
 // NewCmdHandback returns the handback verb. runF, when set, replaces Run, so
@@ -51,6 +67,8 @@ matching cluster is handed back in turn, once the list of them is confirmed
 	o.addSelectionFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&o.Force, "force", false, "Release the lock even while its holder renews it (only when you know that run is gone)")
 	o.addYesFlag(cmd.Flags())
+	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text (a line for each thing done) or json (an object per cluster: {cluster, namespace, done}; over -l/-A one a line)")
+	completeOutput(cmd, handbackOutputs)
 	return cmd
 }
 
@@ -63,6 +81,9 @@ func (o *HandbackOptions) Complete(_ *cobra.Command, args []string) error {
 // Validate checks that a cluster or a selection was given, and that -A alone
 // is confirmed or can be.
 func (o *HandbackOptions) Validate() error {
+	if err := oneOf("output", o.Output, handbackOutputs...); err != nil {
+		return err
+	}
 	if err := o.validateSelection("handback"); err != nil {
 		return err
 	}
@@ -74,7 +95,7 @@ func (o *HandbackOptions) Validate() error {
 // cluster, and one that fails does not stop the others.
 func (o *HandbackOptions) Run(ctx context.Context) error {
 	if !o.fleet() {
-		return o.handback(ctx, "")
+		return o.handback(ctx, false)
 	}
 	clusters, skipped, err := o.selectClusters(ctx)
 	if err != nil {
@@ -86,7 +107,7 @@ func (o *HandbackOptions) Run(ctx context.Context) error {
 	return o.inTurn(ctx, o.Streams.ErrOut, clusters, skipped, func(one connection) error {
 		opts := *o
 		opts.connection = one
-		return opts.handback(ctx, one.Namespace+"/"+one.Cluster+": ")
+		return opts.handback(ctx, true)
 	})
 }
 
@@ -100,8 +121,8 @@ func (o *HandbackOptions) confirmHandback(ctx context.Context, clusters []fleet.
 	return o.confirm(ctx, o.Streams, "handback", clusters)
 }
 
-// handback hands one control plane back, printing each line after prefix.
-func (o *HandbackOptions) handback(ctx context.Context, prefix string) error {
+// handback hands one control plane back and prints what it did.
+func (o *HandbackOptions) handback(ctx context.Context, inFleet bool) error {
 	// Progress on stderr: the wait to see whether a lock's holder still
 	// renews it takes up to its duration.
 	reporter := progress.New("", o.Streams.Out, o.Streams.ErrOut)
@@ -115,8 +136,29 @@ func (o *HandbackOptions) handback(ctx context.Context, prefix string) error {
 	if err != nil {
 		return err
 	}
-	for _, line := range done {
-		fmt.Fprintln(o.Streams.Out, prefix+line)
+	return printHandedBack(o.Streams.Out, o.Output, inFleet, handedBack{Cluster: o.Cluster, Namespace: o.Namespace, Done: done})
+}
+
+// printHandedBack prints what handback did to one cluster: a line for each
+// thing, each line naming the cluster in a fleet; with -o json one object,
+// on one line in a fleet (JSON Lines).
+func printHandedBack(out io.Writer, output string, inFleet bool, h handedBack) error {
+	if output == "json" {
+		if inFleet {
+			return writeJSONLine(out, h)
+		}
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(h)
+	}
+	prefix := ""
+	if inFleet {
+		prefix = h.Namespace + "/" + h.Cluster + ": "
+	}
+	for _, line := range h.Done {
+		if _, err := fmt.Fprintln(out, prefix+line); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -30,6 +30,9 @@ type requestOptions struct {
 	Streams genericiooptions.IOStreams
 	Request rollout.Request
 	Output  string
+	// jsonLines prints -o json's plan on one line: one cluster's of
+	// several (JSON Lines).
+	jsonLines bool
 }
 
 func newRequestOptions(streams genericiooptions.IOStreams, operation string) requestOptions {
@@ -95,7 +98,7 @@ func (o *requestOptions) printPlans(ctx context.Context) (pending bool, err erro
 		}
 		first = false
 		opts := *o
-		opts.connection = one
+		opts.connection, opts.jsonLines = one, true
 		p, err := opts.printPlan(ctx)
 		pending = pending || p
 		return err
@@ -141,7 +144,7 @@ func (o *requestOptions) showPlan(prepared *rollout.Prepared, hops [][]rollout.S
 	case planErr != nil:
 		return false, planErr
 	}
-	if err := printPlan(o.Streams.Out, o.Output, o.Request, prepared, hops); err != nil {
+	if err := printPlan(o.Streams.Out, o.Output, o.jsonLines, o.Request, prepared, hops); err != nil {
 		return false, err
 	}
 	if refusal != nil {
@@ -365,8 +368,9 @@ type plannedStep struct {
 }
 
 // printPlan prints the steps of each hop; an upgrade through several
-// versions numbers its steps across hops and names each step's hop.
-func printPlan(out io.Writer, format string, req rollout.Request, p *rollout.Prepared, hops [][]rollout.Step) error {
+// versions numbers its steps across hops and names each step's hop. With -o
+// json the plan is one object, on one line with jsonLines.
+func printPlan(out io.Writer, format string, jsonLines bool, req rollout.Request, p *rollout.Prepared, hops [][]rollout.Step) error {
 	planned := []plannedStep{}
 	for h, steps := range hops {
 		var hop progress.Hop
@@ -383,7 +387,9 @@ func printPlan(out io.Writer, format string, req rollout.Request, p *rollout.Pre
 	}
 	if format == "json" {
 		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
+		if !jsonLines {
+			enc.SetIndent("", "  ")
+		}
 		cluster := p.Snapshot.CP.Cluster
 		return enc.Encode(struct {
 			Cluster   string        `json:"cluster"`
@@ -397,17 +403,22 @@ func printPlan(out io.Writer, format string, req rollout.Request, p *rollout.Pre
 		_, err := fmt.Fprintln(out, nothingToDoFor(req))
 		return err
 	}
-	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	// The HOP column is there only for an upgrade through several versions.
+	names := []string{"#", "ACTION", "MACHINE", "REASON"}
 	if len(p.Hops) > 1 {
-		fmt.Fprintln(w, "#\tHOP\tACTION\tMACHINE\tREASON")
-		for _, ps := range planned {
-			fmt.Fprintf(w, "%d\t%d/%d %s\t%s\t%s\t%s\n", ps.Index, ps.Hop.Index, ps.Hop.Of, ps.Hop.Version, ps.Action, dash(ps.Machine), ps.Reason)
-		}
-		return w.Flush()
+		names = slices.Insert(names, 1, "HOP")
 	}
-	fmt.Fprintln(w, "#\tACTION\tMACHINE\tREASON")
+	var cells [][]any
 	for _, ps := range planned {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", ps.Index, ps.Action, dash(ps.Machine), ps.Reason)
+		line := []any{ps.Index, ps.Action, dash(ps.Machine), ps.Reason}
+		if len(p.Hops) > 1 {
+			line = slices.Insert(line, 1, any(fmt.Sprintf("%d/%d %s", ps.Hop.Index, ps.Hop.Of, ps.Hop.Version)))
+		}
+		cells = append(cells, line)
+	}
+	w := newTabWriter(out)
+	if err := printTable(w, tableColumns(names), cells, tableOptions{}); err != nil {
+		return err
 	}
 	return w.Flush()
 }

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/yaml"
 
@@ -24,7 +24,8 @@ import (
 // StatusOptions shows where a control plane stands.
 type StatusOptions struct {
 	connection
-	Output  string
+	// printFlags are -o, --no-headers and --sort-by.
+	printFlags
 	Streams genericiooptions.IOStreams
 	// Etcd adds, over a fleet, each workload cluster's etcd health.
 	Etcd bool
@@ -40,12 +41,9 @@ type StatusOptions struct {
 // defaultWatchInterval is how often status -w reads the status afresh.
 const defaultWatchInterval = 2 * time.Second
 
-// statusOutputs are the values of status's -o.
-var statusOutputs = []string{"text", "wide", "json", "yaml"}
-
 // NewStatusOptions returns the status verb's defaults.
 func NewStatusOptions(streams genericiooptions.IOStreams) *StatusOptions {
-	return &StatusOptions{Output: "text", Streams: streams, Interval: defaultWatchInterval}
+	return &StatusOptions{printFlags: printFlags{Output: "text"}, Streams: streams, Interval: defaultWatchInterval}
 }
 
 // NewCmdStatus returns the status verb. runF, when set, replaces Run, so tests
@@ -79,6 +77,7 @@ object per line for each change (over -l/-A, each cluster's row that changed).`,
 		Example: `  kubectl cp-rollout status prod-eu1
   kubectl cp-rollout status prod-eu1 -w
   kubectl cp-rollout status prod-eu1 -o json | jq '.etcdMembers[] | select(.leader)'
+  kubectl cp-rollout status prod-eu1 -o custom-columns=NAME:.name,VERSION:.version,DOMAIN:.failureDomain --sort-by .failureDomain
   kubectl cp-rollout status -A
   kubectl cp-rollout status -l env=staging --etcd -o wide`,
 		Args:              clusterOrSelection,
@@ -87,8 +86,10 @@ object per line for each change (over -l/-A, each cluster's row that changed).`,
 			return runVerb(cmd, args, o, runF)
 		},
 	}
-	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text, wide, json or yaml")
+	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text, wide, json, yaml, name, jsonpath=TEMPLATE, go-template=TEMPLATE or custom-columns=HEADER:FIELD,... (jsonpath, go-template and custom-columns read the JSON of -o json; name and custom-columns print a line per machine, over -l/-A per cluster)")
 	completeOutput(cmd, statusOutputs)
+	cmd.Flags().BoolVar(&o.NoHeaders, "no-headers", false, "With the text, wide and custom-columns formats: print no column headers")
+	cmd.Flags().StringVar(&o.SortBy, "sort-by", "", "Order the machines (over -l/-A, the clusters) by this field of their JSON, e.g. .created or '{.failureDomain}'")
 	o.addEtcdEndpointFlag(cmd.Flags())
 	o.addSelectionFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&o.Etcd, "etcd", false, "With -l/-A: also read each workload cluster's etcd members and health (a single cluster's status always does)")
@@ -106,7 +107,7 @@ func (o *StatusOptions) Complete(cmd *cobra.Command, args []string) error {
 
 // Validate checks the flags; it reads nothing but the options.
 func (o *StatusOptions) Validate() error {
-	if err := oneOf("output", o.Output, statusOutputs...); err != nil {
+	if err := o.printFlags.validate(); err != nil {
 		return err
 	}
 	if err := o.validateSelection("status"); err != nil {
@@ -117,7 +118,7 @@ func (o *StatusOptions) Validate() error {
 		return exitcode.Usagef("--interval needs -w: it is how often a watch reads the status")
 	case o.Interval <= 0:
 		return exitcode.Usagef("--interval must be positive, not %s", o.Interval)
-	case o.Watch && o.Output == "yaml":
+	case o.Watch && o.format == "yaml":
 		// A YAML stream of changes would need document separators no one
 		// reads for; JSON Lines are what a program follows.
 		return exitcode.Usagef("-w cannot go with -o yaml: use -o json, which prints one object per line for each change")
@@ -136,6 +137,9 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		defer closeEngine()
 		read = readCluster
 	}
+	if o.sortBy != nil {
+		read = o.sorted(read)
+	}
 	if o.Watch {
 		return o.watcher().run(ctx, read)
 	}
@@ -151,6 +155,65 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 type statusView struct {
 	status *rollout.Status
 	rows   []fleet.Row
+}
+
+// doc is one object of what status shows: the cluster's status, or one
+// cluster's row of a fleet; id names it from one read to the next.
+type doc struct {
+	id string
+	v  any
+}
+
+// docs are the objects -o json prints (over a fleet, each on a line of its
+// own) and jsonpath and go-template read, each in turn.
+func (v *statusView) docs() []doc {
+	if v.status != nil {
+		return []doc{{v.status.Namespace + "/" + v.status.Cluster, v.status}}
+	}
+	docs := make([]doc, len(v.rows))
+	for i, r := range v.rows {
+		docs[i] = doc{r.Cluster.String(), r}
+	}
+	return docs
+}
+
+// row is one line of custom-columns and -o name, and what --sort-by
+// orders: a machine of the cluster, or a cluster of the fleet.
+type row struct {
+	kind, name string
+	v          any
+}
+
+// rowSet is the view's rows: its machines, the natural rows of one
+// cluster's status (its other parts are one of each), or its clusters.
+func (v *statusView) rowSet() []row {
+	var rows []row
+	if v.status != nil {
+		for _, m := range v.status.Machines {
+			rows = append(rows, row{"Machine", m.Name, m})
+		}
+		return rows
+	}
+	for _, r := range v.rows {
+		rows = append(rows, row{"Cluster", r.Name, r})
+	}
+	return rows
+}
+
+// sorted orders each read's rows by --sort-by, whatever then prints them.
+func (o *StatusOptions) sorted(read func(context.Context) (*statusView, error)) func(context.Context) (*statusView, error) {
+	return func(ctx context.Context) (*statusView, error) {
+		v, err := read(ctx)
+		switch {
+		case err != nil:
+			return nil, err
+		case v.status != nil:
+			err = sortRows(v.status.Machines, o.sortBy)
+		default:
+			err = sortRows(v.rows, o.sortBy)
+		}
+		return v, exitcode.New(exitcode.Usage, err)
+	}
 }
 
 // clusterReader connects to the named cluster once and returns what reads
@@ -174,19 +237,87 @@ func (o *StatusOptions) clusterReader(ctx context.Context) (read func(context.Co
 	}, closeEngine, nil
 }
 
-// print prints v as -o asks.
+// print prints v as -o asks: the one path every format of status, with or
+// without -w, takes.
 func (o *StatusOptions) print(out io.Writer, v *statusView, now time.Time) error {
-	var data any = v.rows
-	if v.status != nil {
-		data = v.status
+	switch o.format {
+	case "json":
+		if v.status != nil {
+			enc := json.NewEncoder(out)
+			enc.SetIndent("", "  ")
+			return enc.Encode(v.status)
+		}
+		// Over a fleet, JSON Lines: a row a line, as each cluster is read.
+		for _, r := range v.rows {
+			if err := writeJSONLine(out, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "yaml":
+		var data any = v.rows
+		if v.status != nil {
+			data = v.status
+		}
+		raw, err := yaml.Marshal(data)
+		if err != nil {
+			return err
+		}
+		_, err = out.Write(raw)
+		return err
+	case "jsonpath", "go-template":
+		for _, d := range v.docs() {
+			obj, err := jsonObject(d.v)
+			if err != nil {
+				return err
+			}
+			if err := o.template.PrintObj(&unstructured.Unstructured{Object: obj}, out); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "name":
+		for _, r := range v.rowSet() {
+			if err := printName(out, r.kind, r.name); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "custom-columns":
+		return o.printCustomColumns(out, v.rowSet())
 	}
-	if done, err := o.printData(out, data); done {
+	opts := tableOptions{Wide: o.format == "wide", NoHeaders: o.NoHeaders}
+	if v.status != nil {
+		return printStatus(out, v.status, opts, now)
+	}
+	return printFleetStatus(out, v.rows, opts, o.Etcd)
+}
+
+// printCustomColumns prints a line per row with -o custom-columns' cells.
+func (o *StatusOptions) printCustomColumns(out io.Writer, rows []row) error {
+	headers := make([]string, len(o.columns))
+	for i, c := range o.columns {
+		headers[i] = c.header
+	}
+	var cells [][]any
+	for _, r := range rows {
+		obj, err := jsonObject(r.v)
+		if err != nil {
+			return err
+		}
+		line := make([]any, len(o.columns))
+		for i, c := range o.columns {
+			if line[i], err = cellOf(c, obj); err != nil {
+				return fmt.Errorf("-o custom-columns, column %s: %w", c.header, err)
+			}
+		}
+		cells = append(cells, line)
+	}
+	w := newTabWriter(out)
+	if err := printTable(w, tableColumns(headers), cells, tableOptions{NoHeaders: o.NoHeaders}); err != nil {
 		return err
 	}
-	if v.status != nil {
-		return printStatus(out, v.status, o.Output == "wide", now)
-	}
-	return printFleetStatus(out, v.rows, o.Output == "wide", o.Etcd)
+	return w.Flush()
 }
 
 // kcpVersionReader finds the KCP controller's version; *controlplane.Client,
@@ -233,27 +364,10 @@ func kcpControllerLine(k *rollout.KCPControllerStatus) string {
 		k.Version, rollout.ProvenKCPRange())
 }
 
-// printData prints v as -o json or yaml asks; done is false for the table
-// formats, which each caller prints its own way.
-func (o *StatusOptions) printData(out io.Writer, v any) (done bool, err error) {
-	switch o.Output {
-	case "json":
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return true, enc.Encode(v)
-	case "yaml":
-		raw, err := yaml.Marshal(v)
-		if err != nil {
-			return true, err
-		}
-		_, err = out.Write(raw)
-		return true, err
-	}
-	return false, nil
-}
-
-func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) error {
-	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+// printStatus prints one cluster's status: a line for each part of the
+// control plane, then its machines and etcd members as tables.
+func printStatus(out io.Writer, st *rollout.Status, opts tableOptions, now time.Time) error {
+	w := newTabWriter(out)
 	cp := st.ControlPlane
 	fmt.Fprintf(w, "CLUSTER\t%s/%s\n", st.Namespace, st.Cluster)
 	fmt.Fprintf(w, "ACTING\t%s\n", st.Acting)
@@ -279,7 +393,7 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 	if st.Lock != nil && st.Lock.Holder != "" {
 		lock = st.Lock.Holder
 		if st.Lock.RenewTime != nil {
-			lock += fmt.Sprintf(" (renewed %s ago)", now.Sub(*st.Lock.RenewTime).Round(time.Second))
+			lock += fmt.Sprintf(" (renewed %s ago)", age(*st.Lock.RenewTime, now))
 		}
 		if !st.Lock.Live {
 			lock += ", expired"
@@ -298,36 +412,27 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 	}
 	fmt.Fprintln(w)
 
-	header := "MACHINE\tVERSION\tNODE\tFAILURE DOMAIN\tPHASE\tUP TO DATE\tDELETING\tAGE"
-	if wide {
-		header += "\tPROBLEM\tHEALTH CHECK"
-	}
-	fmt.Fprintln(w, header)
+	var machines [][]any
 	for _, m := range st.Machines {
-		row := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%v\t%v\t%s", m.Name, m.Version, dash(m.Node), dash(m.FailureDomain),
-			dash(m.Phase), m.UpToDate, m.Deleting, now.Sub(m.Created).Round(time.Second))
-		if wide {
-			row += "\t" + dash(m.Problem) + "\t" + dash(m.HealthCheck)
-		}
-		fmt.Fprintln(w, row)
+		machines = append(machines, []any{m.Name, m.Version, dash(m.Node), dash(m.FailureDomain), dash(m.Phase),
+			m.UpToDate, m.Deleting, age(m.Created, now), dash(m.Problem), dash(m.HealthCheck)})
+	}
+	if err := printTable(w, machineColumns, machines, opts); err != nil {
+		return err
 	}
 	switch {
 	case st.ManagementOnly:
 		fmt.Fprintln(w, "\nETCD\tnot read: the workload cluster was not reached (see the warning on stderr)")
 	case st.EtcdManaged:
 		fmt.Fprintln(w)
-		header = "ETCD MEMBER\tID\tLEADER\tHEALTHY\tLEARNER\tDB SIZE\tALARMS"
-		if wide {
-			header += "\tVERSION\tERRORS"
-		}
-		fmt.Fprintln(w, header)
+		var members [][]any
 		for _, m := range st.EtcdMembers {
-			row := fmt.Sprintf("%s\t%s\t%v\t%v\t%v\t%s\t%s", dash(m.Name), m.ID, m.Leader, m.Healthy, m.Learner,
-				resource.NewQuantity(m.DBSize, resource.BinarySI), dash(strings.Join(m.Alarms, ",")))
-			if wide {
-				row += "\t" + dash(m.Version) + "\t" + dash(strings.Join(m.Errors, "; "))
-			}
-			fmt.Fprintln(w, row)
+			members = append(members, []any{dash(m.Name), m.ID, m.Leader, m.Healthy, m.Learner,
+				resource.NewQuantity(m.DBSize, resource.BinarySI).String(), dash(strings.Join(m.Alarms, ",")),
+				dash(m.Version), dash(strings.Join(m.Errors, "; "))})
+		}
+		if err := printTable(w, memberColumns, members, opts); err != nil {
+			return err
 		}
 	default:
 		fmt.Fprintln(w, "\nETCD\texternal (not managed by the control plane)")
@@ -337,6 +442,14 @@ func printStatus(out io.Writer, st *rollout.Status, wide bool, now time.Time) er
 	}
 	return w.Flush()
 }
+
+// The tables of status CLUSTER; -o wide adds the last columns of each.
+var (
+	machineColumns = tableColumns([]string{"MACHINE", "VERSION", "NODE", "FAILURE DOMAIN", "PHASE", "UP-TO-DATE", "DELETING", "AGE"},
+		"PROBLEM", "HEALTH CHECK")
+	memberColumns = tableColumns([]string{"ETCD MEMBER", "ID", "LEADER", "HEALTHY", "LEARNER", "DB SIZE", "ALARMS"},
+		"VERSION", "ERRORS")
+)
 
 func dash(s string) string {
 	if s == "" {

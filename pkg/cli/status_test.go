@@ -28,7 +28,7 @@ func TestStatusShowsLastOperation(t *testing.T) {
 		LastOperation: &controlplane.Record{Operation: "upgrade", Target: "v1.36.3", Who: "ops@bastion/pid-7",
 			Started: now.Add(-3 * time.Minute), Finished: &finished}}
 	var out bytes.Buffer
-	if err := printStatus(&out, st, false, now); err != nil {
+	if err := printStatus(&out, st, tableOptions{}, now); err != nil {
 		t.Fatal(err)
 	}
 	want := "LAST OPERATION  upgrade to v1.36.3 by ops@bastion/pid-7, started 2026-12-01T11:57:00Z, finished 2026-12-01T11:59:00Z"
@@ -37,7 +37,7 @@ func TestStatusShowsLastOperation(t *testing.T) {
 	}
 	st.LastOperation = nil
 	out.Reset()
-	if err := printStatus(&out, st, false, now); err != nil {
+	if err := printStatus(&out, st, tableOptions{}, now); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(out.String(), "LAST OPERATION") {
@@ -52,7 +52,7 @@ func TestStatusManagementOnly(t *testing.T) {
 	st := &rollout.Status{Cluster: "demo", Namespace: "default", EtcdManaged: true, ManagementOnly: true,
 		Machines: []rollout.MachineStatus{{Name: "demo-cp-1", Version: "v1.36.3", Node: "n1", Phase: "Running", UpToDate: true, Created: now}}}
 	var out bytes.Buffer
-	if err := printStatus(&out, st, false, now); err != nil {
+	if err := printStatus(&out, st, tableOptions{}, now); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "demo-cp-1") || !strings.Contains(out.String(), "ETCD  not read") || strings.Contains(out.String(), "ETCD MEMBER") {
@@ -70,7 +70,7 @@ func TestStatusShowsAFailedRun(t *testing.T) {
 	st := &rollout.Status{Cluster: "demo", Namespace: "default", EtcdManaged: true, Operation: rec,
 		ControlPlane: rollout.ControlPlaneStatus{Name: "demo-cp", Version: "v1.36.3", Replicas: 3, Paused: true, PausedByUs: true}}
 	var out bytes.Buffer
-	if err := printStatus(&out, st, false, now); err != nil {
+	if err := printStatus(&out, st, tableOptions{}, now); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
@@ -85,7 +85,7 @@ func TestStatusShowsAFailedRun(t *testing.T) {
 	// Resumed and running again: no failure to tell.
 	rec.LastFailure = nil
 	out.Reset()
-	if err := printStatus(&out, st, false, now); err != nil {
+	if err := printStatus(&out, st, tableOptions{}, now); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "paused by cp-rollout since 2026-12-01T11:00:00Z\n") || strings.Contains(out.String(), "failed") {
@@ -127,7 +127,7 @@ func TestStatusShowsPause(t *testing.T) {
 		st := &rollout.Status{Cluster: "demo", Namespace: "default", Operation: &rec,
 			ControlPlane: rollout.ControlPlaneStatus{Name: "demo-cp", Paused: true, PausedByUs: true}}
 		var out bytes.Buffer
-		if err := printStatus(&out, st, false, now); err != nil {
+		if err := printStatus(&out, st, tableOptions{}, now); err != nil {
 			t.Fatal(err)
 		}
 		if !strings.Contains(out.String(), tc.want) {
@@ -169,7 +169,7 @@ func TestStatusShowsTheKCPController(t *testing.T) {
 			ControlPlane:  rollout.ControlPlaneStatus{Name: "demo-cp", Version: "v1.36.3", Replicas: 3},
 			KCPController: kcpController(tc.version, tc.err)}
 		var out bytes.Buffer
-		if err := printStatus(&out, st, false, now); err != nil {
+		if err := printStatus(&out, st, tableOptions{}, now); err != nil {
 			t.Fatal(err)
 		}
 		want := "CONTROL PLANE   demo-cp  v1.36.3  3 replicas  active\nKCP CONTROLLER  " + tc.line + "\n"
@@ -188,7 +188,7 @@ func TestStatusShowsTheKCPController(t *testing.T) {
 	// Not looked for: no line, no field.
 	st := &rollout.Status{Cluster: "demo", Namespace: "default", ControlPlane: rollout.ControlPlaneStatus{Name: "demo-cp"}}
 	var out bytes.Buffer
-	if err := printStatus(&out, st, false, now); err != nil {
+	if err := printStatus(&out, st, tableOptions{}, now); err != nil {
 		t.Fatal(err)
 	}
 	raw, _ := json.Marshal(st)

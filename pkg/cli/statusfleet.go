@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -87,36 +86,35 @@ func (o *StatusOptions) etcdHealth(ctx context.Context, c fleet.Cluster) *fleet.
 	return h
 }
 
-func printFleetStatus(out io.Writer, rows []fleet.Row, wide, etcd bool) error {
-	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	header := "CLUSTER\tVERSION\tREPLICAS\tUP-TO-DATE\tACTING\tPAUSED\tLOCK\tOPERATION\tLAST OPERATION"
+// printFleetStatus prints a row per cluster, then, without -o wide's
+// PROBLEM column, each problem on a line of its own.
+func printFleetStatus(out io.Writer, rows []fleet.Row, opts tableOptions, etcd bool) error {
+	names := []string{"CLUSTER", "VERSION", "REPLICAS", "UP-TO-DATE", "ACTING", "PAUSED", "LOCK", "OPERATION", "LAST OPERATION"}
 	if etcd {
-		header += "\tETCD"
+		names = append(names, "ETCD")
 	}
-	if wide {
-		header += "\tSTARTED BY\tPROBLEM"
-	}
-	fmt.Fprintln(w, header)
+	var cells [][]any
 	var problems []string
 	for _, r := range rows {
 		if r.Problem != "" {
 			problems = append(problems, fmt.Sprintf("%s: %s", r.Cluster, r.Problem))
 		}
-		line := fmt.Sprintf("%s\t%s\t%d\t%d/%d\t%s\t%s\t%s\t%s\t%s", r.Cluster, dash(r.Version), r.Replicas, r.UpToDate, r.Machines,
-			actingOf(r), pausedBy(r), lockOf(r), dash(operation(r.Operation)), dash(lastOperation(r.LastOperation)))
+		line := []any{r.Cluster.String(), dash(r.Version), r.Replicas, fmt.Sprintf("%d/%d", r.UpToDate, r.Machines),
+			actingOf(r), pausedBy(r), lockOf(r), dash(operation(r.Operation)), dash(lastOperation(r.LastOperation))}
 		if etcd {
-			line += "\t" + etcdOf(r.Etcd)
+			line = append(line, etcdOf(r.Etcd))
 		}
-		if wide {
-			by := ""
-			if r.Operation != nil {
-				by = r.Operation.Who
-			}
-			line += fmt.Sprintf("\t%s\t%s", dash(by), dash(r.Problem))
+		by := ""
+		if r.Operation != nil {
+			by = r.Operation.Who
 		}
-		fmt.Fprintln(w, line)
+		cells = append(cells, append(line, dash(by), dash(r.Problem)))
 	}
-	if !wide {
+	w := newTabWriter(out)
+	if err := printTable(w, tableColumns(names, "STARTED BY", "PROBLEM"), cells, opts); err != nil {
+		return err
+	}
+	if !opts.Wide {
 		for _, p := range problems {
 			fmt.Fprintf(w, "\nWARNING\t%s\n", p)
 		}

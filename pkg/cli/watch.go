@@ -49,7 +49,7 @@ func (o *StatusOptions) watcher() *watcher {
 	return &watcher{
 		interval: o.Interval,
 		terminal: progress.IsTerminal(o.Streams.Out),
-		json:     o.Output == "json",
+		json:     o.format == "json",
 		out:      o.Streams.Out,
 		errOut:   o.Streams.ErrOut,
 		now:      time.Now,
@@ -105,11 +105,7 @@ func (w *watcher) show(v *statusView) error {
 				continue
 			}
 			w.printed[d.id] = steady
-			line, err := json.Marshal(d.v)
-			if err != nil {
-				return err
-			}
-			if _, err := w.out.Write(append(line, '\n')); err != nil {
+			if err := writeJSONLine(w.out, d.v); err != nil {
 				return err
 			}
 		}
@@ -143,26 +139,6 @@ func (w *watcher) show(v *statusView) error {
 	// One write per frame: a terminal never shows half of one.
 	_, err := w.out.Write(frame.Bytes())
 	return err
-}
-
-// doc is one object of what status shows: the cluster's status, or one
-// cluster's row of a fleet; id names it from one read to the next.
-type doc struct {
-	id string
-	v  any
-}
-
-// docs are the view's objects, each of which -o json prints on a line of
-// its own under -w.
-func (v *statusView) docs() []doc {
-	if v.status != nil {
-		return []doc{{v.status.Namespace + "/" + v.status.Cluster, v.status}}
-	}
-	docs := make([]doc, len(v.rows))
-	for i, r := range v.rows {
-		docs[i] = doc{r.Cluster.String(), r}
-	}
-	return docs
 }
 
 // steadyForm is v's JSON without what changes by the clock alone: the lock's

@@ -11,7 +11,8 @@ import (
 // status -w -o json follows an upgrade as it runs: one JSON object per
 // change, among them several sets of machines as replacements come and old
 // machines go, with this tool named as the one acting while it runs; Ctrl-C
-// ends the watch with exit 0.
+// ends the watch with exit 0. Then jsonpath and custom-columns read the
+// status the run left.
 func TestStatusWatchFollowsAnUpgrade(t *testing.T) {
 	t.Parallel()
 	e := fastSim(t, 3)
@@ -59,5 +60,16 @@ func TestStatusWatchFollowsAnUpgrade(t *testing.T) {
 	}
 	if !acting["cp-rollout"] {
 		t.Errorf("no object named cp-rollout as acting during its run: %v", acting)
+	}
+
+	// After the run, kubectl's printers over the same status: every machine
+	// at the new version, each a line of custom-columns, and nobody acting.
+	r := e.Plugin(t, ctx, "status", "demo", "-o", "jsonpath={.acting.who} {.machines[*].version}")
+	if want := "nobody " + strings.TrimSpace(strings.Repeat(to+" ", 3)); r.Code != 0 || r.Stdout != want {
+		t.Errorf("status -o jsonpath: exit %d, %q, want %q", r.Code, r.Stdout, want)
+	}
+	r = e.Plugin(t, ctx, "status", "demo", "-o", "custom-columns=NAME:.name,VERSION:.version", "--no-headers", "--sort-by", ".created")
+	if lines := strings.Split(strings.TrimSpace(r.Stdout), "\n"); r.Code != 0 || len(lines) != 3 || !strings.HasSuffix(lines[0], "  "+to) {
+		t.Errorf("status -o custom-columns: exit %d\n%s", r.Code, r.Stdout)
 	}
 }

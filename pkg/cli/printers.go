@@ -1,0 +1,290 @@
+package cli
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/liggitt/tabwriter"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/duration"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
+	"k8s.io/cli-runtime/pkg/printers"
+	"k8s.io/client-go/util/jsonpath"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+)
+
+// This file is how the verbs print, as kubectl get prints: every table goes
+// through cli-runtime's table printer (-o wide's columns, --no-headers);
+// status's -o name, jsonpath and go-template are cli-runtime's printers, and
+// its custom-columns is that table printer over client-go's JSONPath, as
+// kubectl's own custom-columns is. All of them read the JSON -o json prints.
+// genericclioptions.PrintFlags, which binds these formats to -o for kubectl,
+// is not used: importing its package links cli-runtime's resource builder
+// and kustomize, which kubeconfigFlags keeps out of the binary for the same
+// reason; the printers package alone adds a tabwriter and a terminal helper.
+
+// statusOutputs are the values of status's -o; those ending in "=" take a
+// template after it.
+var statusOutputs = []string{"text", "wide", "json", "yaml", "name", "jsonpath=", "go-template=", "custom-columns="}
+
+// printFlags are status's -o, --no-headers and --sort-by, and what
+// validate makes of them.
+type printFlags struct {
+	Output    string
+	NoHeaders bool
+	SortBy    string
+
+	format   string                   // Output before "=": text, wide, json, … custom-columns
+	template printers.ResourcePrinter // -o jsonpath= and go-template=
+	columns  []customColumn           // -o custom-columns=
+	sortBy   *jsonpath.JSONPath       // --sort-by
+}
+
+// validate checks -o and parses its template and --sort-by's expression,
+// so that a bad one is refused (exit 2) before anything is read.
+func (p *printFlags) validate() error {
+	format, arg, templated := strings.Cut(p.Output, "=")
+	switch {
+	case templated && slices.Contains(statusOutputs, format+"="):
+		p.format = format
+		if arg == "" {
+			return exitcode.Usagef("-o %s= needs a template after the =", format)
+		}
+	case !templated && slices.Contains(statusOutputs, p.Output):
+		p.format = p.Output
+	default:
+		return oneOf("output", p.Output, statusOutputs...)
+	}
+	var err error
+	switch p.format {
+	case "jsonpath":
+		var jp *printers.JSONPathPrinter
+		if jp, err = printers.NewJSONPathPrinter(arg); err == nil {
+			jp.AllowMissingKeys(true) // as kubectl's default
+			p.template = jp
+		}
+	case "go-template":
+		var gt *printers.GoTemplatePrinter
+		if gt, err = printers.NewGoTemplatePrinter([]byte(arg)); err == nil {
+			gt.AllowMissingKeys(true)
+			p.template = gt
+		}
+	case "custom-columns":
+		p.columns, err = parseCustomColumns(arg)
+	}
+	if err != nil {
+		return exitcode.Usagef("-o %s: %s", p.Output, oneLine(err))
+	}
+	if p.SortBy != "" {
+		if p.sortBy, err = relaxedJSONPath("sort-by", p.SortBy); err != nil {
+			return exitcode.Usagef("--sort-by %s: %s", p.SortBy, oneLine(err))
+		}
+	}
+	return nil
+}
+
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+// jsonPathField is what kubectl's custom-columns and --sort-by take: a field
+// path with or without its leading dot and braces (name, .name, {.name}).
+var jsonPathField = regexp.MustCompile(`^\{\.?([^{}]+)\}$|^\.?([^{}]+)$`)
+
+// relaxedJSONPath parses a field path as kubectl's RelaxedJSONPathExpression
+// reads it; a missing field finds nothing rather than failing.
+func relaxedJSONPath(name, expr string) (*jsonpath.JSONPath, error) {
+	m := jsonPathField.FindStringSubmatch(expr)
+	if m == nil {
+		return nil, fmt.Errorf("want a field path such as .name, name or {.name}")
+	}
+	field := m[1] + m[2] // one of them is empty
+	jp := jsonpath.New(name).AllowMissingKeys(true)
+	return jp, jp.Parse("{." + field + "}")
+}
+
+// customColumn is one HEADER:FIELD of -o custom-columns.
+type customColumn struct {
+	header string
+	field  *jsonpath.JSONPath
+}
+
+// parseCustomColumns reads kubectl's custom-columns spec,
+// HEADER:FIELD[,HEADER:FIELD…].
+func parseCustomColumns(spec string) ([]customColumn, error) {
+	var columns []customColumn
+	for i, part := range strings.Split(spec, ",") {
+		header, field, ok := strings.Cut(part, ":")
+		if !ok || header == "" {
+			return nil, fmt.Errorf("column %q: want HEADER:FIELD, such as NAME:.name", part)
+		}
+		jp, err := relaxedJSONPath(fmt.Sprintf("column%d", i), field)
+		if err != nil {
+			return nil, fmt.Errorf("column %s: %w", header, err)
+		}
+		columns = append(columns, customColumn{header: header, field: jp})
+	}
+	return columns, nil
+}
+
+// jsonObject is v's JSON, as -o json prints it, for JSONPath and the
+// templates to read; numbers stay integers, as in a Kubernetes object.
+func jsonObject(v any) (map[string]any, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	obj := map[string]any{}
+	return obj, utiljson.Unmarshal(raw, &obj)
+}
+
+// printName prints a row as -o name does: kind.group/name, as kubectl get
+// -o name prints the Machine or Cluster.
+func printName(w io.Writer, kind, name string) error {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(clusterv1.GroupVersion.WithKind(kind))
+	u.SetName(name)
+	return (&printers.NamePrinter{}).PrintObj(u, w)
+}
+
+// cellOf is what a custom column shows of obj: every value its field finds,
+// comma-separated, or <none>, as kubectl's custom-columns.
+func cellOf(c customColumn, obj map[string]any) (string, error) {
+	found, err := c.field.FindResults(obj)
+	if err != nil {
+		return "", err
+	}
+	var values []string
+	for _, list := range found {
+		for _, v := range list {
+			values = append(values, fmt.Sprint(v.Interface()))
+		}
+	}
+	if len(values) == 0 {
+		return "<none>", nil
+	}
+	return strings.Join(values, ","), nil
+}
+
+// sortRows orders rows, stably, by what --sort-by finds in each one's JSON:
+// numbers by value, other values by their text, a row where it finds
+// nothing first.
+func sortRows[T any](rows []T, by *jsonpath.JSONPath) error {
+	keys := make(map[int]any, len(rows))
+	for i := range rows {
+		obj, err := jsonObject(rows[i])
+		if err != nil {
+			return err
+		}
+		found, err := by.FindResults(obj)
+		if err != nil {
+			return fmt.Errorf("--sort-by: %w", err)
+		}
+		if len(found) > 0 && len(found[0]) > 0 {
+			keys[i] = found[0][0].Interface()
+		}
+	}
+	order := make([]int, len(rows))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return compareValues(keys[a], keys[b]) })
+	sorted := make([]T, len(rows))
+	for i, j := range order {
+		sorted[i] = rows[j]
+	}
+	copy(rows, sorted)
+	return nil
+}
+
+func compareValues(a, b any) int {
+	switch {
+	case a == nil || b == nil:
+		return cmp.Compare(boolInt(a != nil), boolInt(b != nil))
+	}
+	if x, ok := number(a); ok {
+		if y, ok := number(b); ok {
+			return cmp.Compare(x, y)
+		}
+	}
+	return strings.Compare(fmt.Sprint(a), fmt.Sprint(b))
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func number(v any) (float64, bool) {
+	switch n := v.(type) {
+	case int64:
+		return float64(n), true
+	case float64:
+		return n, true
+	}
+	return 0, false
+}
+
+// newTabWriter is what every table and status's KEY value lines are printed
+// into: columns two spaces apart, the layout the verbs have always had.
+// cli-runtime's table printer uses a tabwriter it is handed (its own pads
+// three), so every table of one command lines up the same way.
+func newTabWriter(out io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+}
+
+// tableOptions are the table printer's options: -o wide's columns
+// (Priority 1) and --no-headers.
+type tableOptions = printers.PrintOptions
+
+// printTable prints rows under columns with cli-runtime's table printer,
+// which upper-cases the column names, prints Priority 1 columns only with
+// Wide, no header line with NoHeaders (nor for a table without rows), and
+// cuts a cell at its first newline.
+func printTable(w *tabwriter.Writer, columns []metav1.TableColumnDefinition, rows [][]any, opts tableOptions) error {
+	t := &metav1.Table{ColumnDefinitions: columns}
+	for _, cells := range rows {
+		t.Rows = append(t.Rows, metav1.TableRow{Cells: cells})
+	}
+	return printers.NewTablePrinter(opts).PrintObj(t, w)
+}
+
+// tableColumns defines a table's columns: each name always shown, wide only with
+// -o wide.
+func tableColumns(names []string, wide ...string) []metav1.TableColumnDefinition {
+	defs := make([]metav1.TableColumnDefinition, 0, len(names)+len(wide))
+	for _, n := range names {
+		defs = append(defs, metav1.TableColumnDefinition{Name: n, Type: "string"})
+	}
+	for _, n := range wide {
+		defs = append(defs, metav1.TableColumnDefinition{Name: n, Type: "string", Priority: 1})
+	}
+	return defs
+}
+
+// age is how long ago t was, as kubectl's AGE column says it (26h, not
+// 26h3m12s).
+func age(t, now time.Time) string {
+	if t.IsZero() {
+		return "<unknown>"
+	}
+	return duration.HumanDuration(now.Sub(t))
+}
+
+// writeJSONLine writes v as one compact JSON object on a line of its own:
+// the form of -o json over several clusters and under -w (JSON Lines).
+func writeJSONLine(w io.Writer, v any) error {
+	return json.NewEncoder(w).Encode(v)
+}
