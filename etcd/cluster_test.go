@@ -137,6 +137,17 @@ func mustMembers(t *testing.T, ctx context.Context, c *etcd.Client, nodes []etcd
 	return members
 }
 
+// followers are the voting members that do not lead, in the order listed.
+func followers(members []etcd.Member) []etcd.Member {
+	var out []etcd.Member
+	for _, m := range members {
+		if m.Voting() && !m.Leader {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 func named(t *testing.T, members []etcd.Member, name string) etcd.Member {
 	t.Helper()
 	m, ok := etcd.MemberByName(members, name)

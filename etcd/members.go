@@ -309,16 +309,3 @@ func MemberByName(members []Member, name string) (Member, bool) {
 	}
 	return Member{}, false
 }
-
-// LeaderCandidates are the members that may take leadership from the member leaving:
-// healthy voting members other than it. Learners and members not started are never among
-// them.
-func LeaderCandidates(members []Member, leaving uint64) []Member {
-	var out []Member
-	for _, m := range members {
-		if m.ID != leaving && m.HealthyVoter() {
-			out = append(out, m)
-		}
-	}
-	return out
-}

@@ -66,7 +66,7 @@ func TestMoveLeaderToChosenMember(t *testing.T) {
 	if !ok {
 		t.Fatal("no leader")
 	}
-	candidates := etcd.LeaderCandidates(members, leader.ID)
+	candidates := followers(members)
 	if len(candidates) != 2 {
 		t.Fatalf("candidates %v", candidates)
 	}
@@ -137,7 +137,7 @@ func TestRemoveMemberGoneFromEveryList(t *testing.T) {
 	if _, err := c.RemoveMember(ctx, tc.nodes, leader.ID); !errors.Is(err, etcd.ErrIsLeader) {
 		t.Fatalf("removing the leader: %v", err)
 	}
-	victim := etcd.LeaderCandidates(members, leader.ID)[0]
+	victim := followers(members)[0]
 	if _, err := c.RemoveMember(ctx, tc.nodes, victim.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -198,10 +198,9 @@ func TestRemoveMemberRightAfterAJoin(t *testing.T) {
 			})}
 	})
 	members := mustMembers(t, ctx, c, nodes)
-	leader, _ := etcd.Leader(members)
-	victim := etcd.LeaderCandidates(members, leader.ID)[0]
+	victim := followers(members)[0]
 	if victim.Name == newcomer.Name {
-		victim = etcd.LeaderCandidates(members, leader.ID)[1]
+		victim = followers(members)[1]
 	}
 
 	// The newcomer refuses, as on every replacement's join.
@@ -290,8 +289,7 @@ func TestStoppedMemberUnhealthyAndSecondRemovalRefused(t *testing.T) {
 	tc := newTestCluster(t, 3, strictReconfig)
 	c := tc.client()
 	members := mustMembers(t, ctx, c, tc.nodes)
-	leader, _ := etcd.Leader(members)
-	stopped := etcd.LeaderCandidates(members, leader.ID)[0]
+	stopped := followers(members)[0]
 	tc.members[stopped.Name].Stop()
 
 	members = mustMembers(t, ctx, c, tc.nodes)
@@ -299,9 +297,15 @@ func TestStoppedMemberUnhealthyAndSecondRemovalRefused(t *testing.T) {
 	if got.Healthy || len(got.Errors) == 0 || !strings.Contains(strings.Join(got.Errors, " "), stopped.Name) {
 		t.Fatalf("stopped member reported healthy %v, errors %v", got.Healthy, got.Errors)
 	}
-	healthy := etcd.LeaderCandidates(members, stopped.ID)
-	if len(healthy) != 2 {
-		t.Fatalf("healthy voting members %v", healthy)
+	var healthy []etcd.Member
+	for _, m := range members {
+		if m.ID == stopped.ID {
+			continue
+		}
+		if !m.HealthyVoter() {
+			t.Fatalf("member %s beside the stopped one: voting %v healthy %v errors %v", m, m.Voting(), m.Healthy, m.Errors)
+		}
+		healthy = append(healthy, m)
 	}
 	for _, other := range healthy {
 		for _, change := range []etcd.Change{etcd.Remove, etcd.Stop} {
@@ -341,7 +345,6 @@ func TestLearnerAndUnstartedMemberNeverLead(t *testing.T) {
 	if err := c.MoveLeader(ctx, tc.nodes, got.ID); !errors.Is(err, etcd.ErrNotVoting) || !strings.Contains(err.Error(), "node-c") {
 		t.Fatalf("moving leadership to a learner: %v", err)
 	}
-	checkNeverCandidate(t, members, got.ID)
 	leader, _ := etcd.Leader(members)
 	if p := etcd.Project(members, etcd.Remove, leader.ID); p.Safe || len(p.Pending) != 1 {
 		t.Fatalf("removal with a learner pending projected as %s", p.Reason())
@@ -367,20 +370,8 @@ func TestLearnerAndUnstartedMemberNeverLead(t *testing.T) {
 	if err := c.MoveLeader(ctx, tc.nodes, unstarted.ID); !errors.Is(err, etcd.ErrNotVoting) {
 		t.Fatalf("moving leadership to an unstarted member: %v", err)
 	}
-	checkNeverCandidate(t, members, unstarted.ID)
 	if p := etcd.Project(members, etcd.Add, 0); p.Safe {
 		t.Fatalf("adding while a member has not started projected safe: %s", p.Reason())
-	}
-}
-
-func checkNeverCandidate(t *testing.T, members []etcd.Member, id uint64) {
-	t.Helper()
-	for _, m := range members {
-		for _, cand := range etcd.LeaderCandidates(members, m.ID) {
-			if cand.ID == id {
-				t.Fatalf("%s offered as leader candidate", cand)
-			}
-		}
 	}
 }
 
@@ -405,7 +396,6 @@ func TestAlarmReported(t *testing.T) {
 			t.Errorf("alarm attributed to %s: %v", m, m.Alarms)
 		}
 	}
-	checkNeverCandidate(t, members, got.ID)
 }
 
 // fiveTolerateOneMoreFailure: with one member of five down, healthy members can be
@@ -414,8 +404,7 @@ func TestAlarmReported(t *testing.T) {
 func fiveTolerateOneMoreFailure(t *testing.T, tc *testCluster, members []etcd.Member) {
 	ctx := testContext(t)
 	c := tc.client()
-	leader, _ := etcd.Leader(members)
-	others := etcd.LeaderCandidates(members, leader.ID)
+	others := followers(members)
 	down := others[0]
 	tc.members[down.Name].Stop()
 	for i, victim := range others[1:] {

@@ -135,8 +135,7 @@ func TestPortForwardOverWebSocketReachesEveryMember(t *testing.T) {
 			t.Errorf("member %s through port-forward: healthy %v errors %v", m, m.Healthy, m.Errors)
 		}
 	}
-	leader, _ := etcd.Leader(members)
-	target := etcd.LeaderCandidates(members, leader.ID)[0]
+	target := followers(members)[0]
 	if err := c.MoveLeader(ctx, tc.nodes, target.ID); err != nil {
 		t.Fatal(err)
 	}

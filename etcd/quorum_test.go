@@ -81,11 +81,14 @@ func TestProjectionReasonNamesTheBlockers(t *testing.T) {
 	}
 }
 
-func TestLeaderCandidatesAreHealthyVoters(t *testing.T) {
+// TestHealthyVoter: only a started, voting, healthy member is what a
+// replacement must become; learners, members not started and unhealthy
+// voters are not.
+func TestHealthyVoter(t *testing.T) {
 	t.Parallel()
-	members := cluster("hhunl")
-	got := etcd.LeaderCandidates(members, 1)
-	if len(got) != 1 || got[0].ID != 2 {
-		t.Fatalf("candidates %v, want node-b only", got)
+	for i, want := range []bool{true, false, false, false} {
+		if m := cluster("hunl")[i]; m.HealthyVoter() != want {
+			t.Errorf("%+v: HealthyVoter %v, want %v", m, m.HealthyVoter(), want)
+		}
 	}
 }

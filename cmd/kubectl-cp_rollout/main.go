@@ -14,15 +14,10 @@ import (
 	// Client auth plugins (exec, OIDC …) so any kubeconfig kubectl accepts works here.
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
 
-	"github.com/cp-rollout/cp-rollout/cmd/kubectl-cp_rollout/internal/initgc"
 	"github.com/cp-rollout/cp-rollout/pkg/cli"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
 )
-
-// The collector was off while the packages this one imports initialised;
-// this package's init runs after all of theirs, in tests as well.
-func init() { initgc.Restore() }
 
 func main() {
 	os.Exit(run())

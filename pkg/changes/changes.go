@@ -279,9 +279,9 @@ func (w *Watches) Wait(ctx context.Context, max time.Duration) bool {
 // burst is how long a change waits for the ones that come with it. The
 // watches deliver one write's events within a few milliseconds of each other;
 // what the caller does next, a read of the caches, costs no round trip, and
-// every millisecond here is a millisecond of every reaction (make bench on
-// one kind of machine: 55 to 74 ms at the median with 30 ms, 41 to 57 with
-// 5; see docs/performance.md).
+// every millisecond here is a millisecond of every reaction, so the pause is
+// no longer than one write's events take to arrive (docs/performance.md has
+// the reaction times `make bench` measured with it and with a longer one).
 const burst = 5 * time.Millisecond
 
 // cachedClient is the live client with reads of the watched kinds served
