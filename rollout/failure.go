@@ -131,7 +131,7 @@ func (e *Engine) handBackAfterFailure(ctx context.Context, operation string, cod
 	if done, err = e.Handback(ctx, false); err != nil {
 		return nil, "handing back failed: " + err.Error()
 	}
-	e.note("handback", fmt.Sprintf("%s failed (exit %d) with no machine in flight: KubeadmControlPlane handed back to KCP (--on-failure handback)", operation, code))
+	e.note(HandBack, fmt.Sprintf("%s failed (exit %d) with no machine in flight: KubeadmControlPlane handed back to KCP (--on-failure handback)", operation, code))
 	return done, ""
 }
 
@@ -147,7 +147,7 @@ func (e *Engine) recordFailure(ctx context.Context, f controlplane.Failure) {
 		return e.ControlPlane.RecordFailure(ctx, kcp, f)
 	})
 	if err != nil && !errors.Is(err, context.Canceled) {
-		e.report("record-failure", "", progress.Failed, "the failure was not recorded on the KubeadmControlPlane: "+err.Error(), time.Now())
+		e.report(RecordFailure, "", progress.Failed, "the failure was not recorded on the KubeadmControlPlane: "+err.Error(), time.Now())
 	}
 }
 

@@ -151,7 +151,7 @@ func (e *Engine) readWith(ctx context.Context, cached bool) (*Snapshot, error) {
 			return nil, err
 		}
 		if w.observe(waitRead, err.Error()) {
-			e.report("read", "", progress.Waiting, err.Error(), w.since)
+			e.report(Read, "", progress.Waiting, err.Error(), w.since)
 		}
 		if err := w.expired(e.Timeouts, Step{}, err); err != nil {
 			return nil, err
@@ -178,11 +178,11 @@ func (e *Engine) stillOurs(s *Snapshot) error {
 // static pod): that is waited on for the Recovery timeout first.
 func (e *Engine) refuse(ctx context.Context, t Target, next Step) (err error) {
 	if !next.Transient {
-		st := e.begin("refuse", machineName(next.Machine), next.Reason)
+		st := e.begin(Refuse, machineName(next.Machine), next.Reason)
 		defer st.end(&err)
 		return next.Err
 	}
-	st := e.begin("unhealthy", next.Machine.Name, fmt.Sprintf("%s; waiting up to %s for it to recover", next.Reason, e.Timeouts.recovery()))
+	st := e.begin(Unhealthy, next.Machine.Name, fmt.Sprintf("%s; waiting up to %s for it to recover", next.Reason, e.Timeouts.recovery()))
 	defer st.end(&err)
 	if err := e.await(ctx, t, st, next, func(Step) waitKind { return waitRecovery }); err != nil {
 		return err
@@ -232,7 +232,7 @@ func (e *Engine) awaitHealthy(ctx context.Context, t Target, next Step) (err err
 // settle pauses after a machine joined, before the next step.
 func (e *Engine) settle(ctx context.Context) (err error) {
 	e.handed = nil // it will be stale by the end of the pause
-	st := e.begin("settle", "", "waiting "+e.Timeouts.Settle.String())
+	st := e.begin(Settle, "", "waiting "+e.Timeouts.Settle.String())
 	defer st.end(&err)
 	return sleep(ctx, e.Timeouts.Settle)
 }
@@ -331,7 +331,7 @@ func (e *Engine) removeMember(ctx context.Context, s *Snapshot, m *clusterv1.Mac
 			return false, err
 		}
 	}
-	st := e.begin("remove-member", m.Name, "removing etcd member "+member.String())
+	st := e.begin(RemoveMember, m.Name, "removing etcd member "+member.String())
 	defer st.end(&err)
 	return e.dropMember(ctx, s, st, member, " of machine "+m.Name)
 }
@@ -411,7 +411,7 @@ func (e *Engine) syncMachines(ctx context.Context, s *Snapshot, next Step) (err 
 // release removes the kcp-cleanup hook: the Machine controller finishes the
 // deletion.
 func (e *Engine) release(ctx context.Context, m *clusterv1.Machine) (err error) {
-	st := e.begin("release", m.Name, "removing the pre-terminate hook")
+	st := e.begin(Release, m.Name, "removing the pre-terminate hook")
 	defer st.end(&err)
 	if err := e.ControlPlane.RemoveCleanupHook(ctx, m); err != nil {
 		return err
@@ -463,7 +463,7 @@ func ofMachine(m *clusterv1.Machine) string {
 // moveLeader is one attempt of forwardLeadership; its error says that the
 // next candidate is tried, and wraps the cause.
 func (e *Engine) moveLeader(ctx context.Context, s *Snapshot, m *clusterv1.Machine, from, to etcd.Member) (err error) {
-	st := e.begin("move-leader", machineName(m), fmt.Sprintf("moving etcd leadership from %s to %s", from, to))
+	st := e.begin(MoveLeader, machineName(m), fmt.Sprintf("moving etcd leadership from %s to %s", from, to))
 	defer st.end(&err)
 	// ForwardLeadership moves it only if from still leads, as KCP does.
 	if err := e.Etcd.ForwardLeadership(ctx, EtcdNodes(s), from.ID, to.ID); err != nil {

@@ -255,7 +255,7 @@ func (e *Engine) lockWait(then string) *lockWait { return &lockWait{e: e, then: 
 
 // watching is the call's waiting hook.
 func (w *lockWait) watching(l *coordinationv1.Lease) {
-	w.st = w.e.begin("await-lock", "", fmt.Sprintf("the lock is held by %s: watching whether it is still renewed; if it goes %s without, it is %s",
+	w.st = w.e.begin(AwaitLock, "", fmt.Sprintf("the lock is held by %s: watching whether it is still renewed; if it goes %s without, it is %s",
 		controlplane.Holder(l), controlplane.LeaseDuration, w.then))
 }
 
@@ -282,7 +282,7 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) error {
 	return e.holding(ctx, func(ctx context.Context) error {
 		e.steps.total = p.Steps
 		if p.HandBackOnly != "" {
-			e.note("handback", p.HandBackOnly)
+			e.note(HandBack, p.HandBackOnly)
 		}
 		for i := p.FirstHop; i < len(p.Hops); i++ {
 			if err := e.runHop(ctx, p, i); err != nil {
@@ -417,7 +417,7 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 			return nil, err
 		}
 	} else {
-		e.note("resume", "continuing "+rec.String())
+		e.note(Resume, "continuing "+rec.String())
 		if kcp, err = e.awaitPausedAgain(ctx, kcp); err != nil {
 			return nil, err
 		}
@@ -467,7 +467,7 @@ func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.Kubeadm
 		if rerr := e.ControlPlane.Resume(cleanupCtx, kcp); rerr != nil {
 			return fmt.Errorf("the API server rejected the target (%v), and handing KubeadmControlPlane %s back failed: %w", err, kcp.Name, rerr)
 		}
-		e.note("handback", "the target was rejected; KubeadmControlPlane "+kcp.Name+" unpaused, nothing changed")
+		e.note(HandBack, "the target was rejected; KubeadmControlPlane "+kcp.Name+" unpaused, nothing changed")
 	}
 	return exitcode.Usagef("the API server rejected the target: %v", err)
 }
@@ -483,7 +483,7 @@ func (e *Engine) pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *con
 	if held != nil {
 		what = "taking over KubeadmControlPlane " + kcp.Name + ", held by cp-rollout pause (" + held.Detail() + ")"
 	}
-	st := e.begin("pause", "", what)
+	st := e.begin(Pause, "", what)
 	defer st.end(&err)
 	kcp, err = e.ControlPlane.Pause(ctx, cluster, kcp, rec, e.Timeouts.pause(), takeoverCheck)
 	if err != nil {
@@ -505,7 +505,7 @@ func (e *Engine) pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *con
 // prepareWorkload updates kubeadm's configuration and RBAC on the workload
 // cluster for the target version, as KCP does before it rolls machines.
 func (e *Engine) prepareWorkload(ctx context.Context, live *kcpstate.ControlPlane) (err error) {
-	st := e.begin("prepare-workload", "", "updating kubeadm-config and kubeadm's RBAC for "+live.KCP.Spec.Version)
+	st := e.begin(PrepareWorkload, "", "updating kubeadm-config and kubeadm's RBAC for "+live.KCP.Spec.Version)
 	defer st.end(&err)
 	if err := e.Workload.PrepareRollout(ctx, live.KCP, etcd.Managed(live.KCP)); err != nil {
 		return err
@@ -522,7 +522,7 @@ func (e *Engine) handBack(ctx context.Context) (machines []string, err error) {
 	if err != nil {
 		return nil, err
 	}
-	st := e.begin("handback", "", "unpausing KubeadmControlPlane "+live.KCP.Name)
+	st := e.begin(HandBack, "", "unpausing KubeadmControlPlane "+live.KCP.Name)
 	defer st.end(&err)
 	if err := e.ControlPlane.Complete(ctx, live.KCP); err != nil {
 		return nil, err
@@ -549,7 +549,7 @@ func (e *Engine) lastConverged(ctx context.Context) (*kcpstate.ControlPlane, err
 func (e *Engine) removeOrphans(ctx context.Context, cp *kcpstate.ControlPlane) {
 	orphans, err := e.ControlPlane.Orphans(ctx, cp)
 	if err != nil {
-		e.report("remove-orphan", "", progress.Failed, "could not look for pieces an interrupted run left behind: "+err.Error()+"; going on", time.Now())
+		e.report(RemoveOrphan, "", progress.Failed, "could not look for pieces an interrupted run left behind: "+err.Error()+"; going on", time.Now())
 		return
 	}
 	for _, obj := range orphans {
@@ -559,7 +559,7 @@ func (e *Engine) removeOrphans(ctx context.Context, cp *kcpstate.ControlPlane) {
 
 func (e *Engine) removeOrphan(ctx context.Context, obj client.Object) (err error) {
 	what := obj.GetObjectKind().GroupVersionKind().Kind + " " + obj.GetName()
-	st := e.begin("remove-orphan", obj.GetName(), what+" has no Machine: an interrupted run created it; deleting it")
+	st := e.begin(RemoveOrphan, obj.GetName(), what+" has no Machine: an interrupted run created it; deleting it")
 	defer st.end(&err)
 	if err := e.ControlPlane.DeleteOrphan(ctx, obj); err != nil {
 		return fmt.Errorf("%w; going on", err)
