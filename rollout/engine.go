@@ -193,10 +193,14 @@ type Engine struct {
 	Timeouts Timeouts
 	// Requests, when set, counts the run's round trips for its summary.
 	Requests func() progress.Requests
-	// Connected, when set, is the control plane as read live while
-	// connecting, which the first look of a verb takes (ReadFirst).
+	// Connected is the control plane as read live while connecting. The
+	// engine never reads it: the caller passes it to the first look of a
+	// verb (Prepare, Status, ReadFirst).
 	Connected *kcpstate.ControlPlane
 
+	// What follows is the run's memory across snapshots, each the run's own
+	// account of what it did: no snapshot is kept here; each decision is
+	// taken on the snapshot passed to it.
 	steps stepLog
 	// seenHealthy names the machines this engine has read healthy.
 	seenHealthy map[string]bool
@@ -206,53 +210,39 @@ type Engine struct {
 	// synced is the reason of the sync step just taken, until another step
 	// is (syncMachines).
 	synced string
-	// handed is the live snapshot a wait ended on, for the loop's next turn
-	// (takeOrRead); only await sets it.
-	handed *Snapshot
-	// converged is the live snapshot Converge found done on, for the
-	// hand-back that follows it (handBack).
-	converged *Snapshot
-	// members is the latest etcd membership read, which a cached read takes
-	// while it is younger than etcdPoll.
-	members struct {
-		at   time.Time
-		read []etcd.Member
-	}
 }
 
 // Read takes one live snapshot: management cluster first, then the workload
 // nodes of its machines, then etcd through those nodes.
 func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
-	return e.readFrom(ctx, e.ControlPlane, e.Workload, false)
+	return e.readFrom(ctx, e.ControlPlane, e.Workload, false, nil)
 }
 
-// ReadFirst is Read for a verb's first look (Prepare, status): it takes the
-// control plane as connect read it a moment ago, once, rather than read it
-// again; the workload cluster and etcd are read now. Nothing that changes the
-// cluster is decided on it: every step reads live again.
-func (e *Engine) ReadFirst(ctx context.Context) (*Snapshot, error) {
-	return e.readFrom(ctx, readFunc(e.firstControlPlane), e.Workload, false)
-}
-
-// firstControlPlane is ReadFirst's read of the management cluster.
-func (e *Engine) firstControlPlane(ctx context.Context) (*kcpstate.ControlPlane, error) {
-	if cp := e.Connected; cp != nil {
-		e.Connected = nil
-		return cp, nil
+// ReadFirst is Read for a verb's first look (Prepare, status) on cp, the
+// control plane as connecting read it a moment ago, rather than a second
+// read of it; the workload cluster and etcd are read now. With cp nil it is
+// Read. Nothing that changes the cluster is decided on it: every step reads
+// live again.
+func (e *Engine) ReadFirst(ctx context.Context, cp *kcpstate.ControlPlane) (*Snapshot, error) {
+	if cp == nil {
+		return e.Read(ctx)
 	}
-	return e.ControlPlane.Read(ctx)
+	return e.readFrom(ctx, readFunc(func(context.Context) (*kcpstate.ControlPlane, error) { return cp, nil }), e.Workload, false, nil)
 }
 
 // readCached takes a snapshot from the watches' caches, with etcd read live
-// unless it was read less than etcdPoll ago; a live one without a cache.
-func (e *Engine) readCached(ctx context.Context) (*Snapshot, error) {
+// unless prev, the snapshot before it, read it less than etcdPoll ago; a
+// live one without a cache.
+func (e *Engine) readCached(ctx context.Context, prev *Snapshot) (*Snapshot, error) {
 	if e.Cache == nil {
 		return e.Read(ctx)
 	}
-	return e.readFrom(ctx, e.Cache.ControlPlane, e.Cache.Workload, true)
+	return e.readFrom(ctx, e.Cache.ControlPlane, e.Cache.Workload, true, prev)
 }
 
-func (e *Engine) readFrom(ctx context.Context, cpr controlPlaneReader, nodes nodeReader, cached bool) (*Snapshot, error) {
+// readFrom reads a snapshot through cpr and nodes, from the caches or live;
+// a cached read may take the etcd members of prev, the snapshot before it.
+func (e *Engine) readFrom(ctx context.Context, cpr controlPlaneReader, nodes nodeReader, cached bool, prev *Snapshot) (*Snapshot, error) {
 	cp, err := cpr.Read(ctx)
 	if err != nil {
 		return nil, err
@@ -270,7 +260,7 @@ func (e *Engine) readFrom(ctx context.Context, cpr controlPlaneReader, nodes nod
 		return nil, err
 	}
 	if s.EtcdManaged && len(names) > 0 {
-		if s.Members, err = e.etcdMembers(ctx, s); err != nil {
+		if s.Members, s.MembersRead, err = e.etcdMembers(ctx, s, prev); err != nil {
 			err = fmt.Errorf("workload cluster %s: etcd: %w", e.ControlPlane.Key(), err)
 			// Members whose certificates the cluster's etcd CA did not sign
 			// cannot be trusted, and no retry mends that: refuse at once.
@@ -286,12 +276,12 @@ func (e *Engine) readFrom(ctx context.Context, cpr controlPlaneReader, nodes nod
 }
 
 // etcdMembers reads the membership through s's nodes; a cached snapshot
-// takes the latest read while it is younger than etcdPoll, so that a burst of
-// changes on the watches does not poll etcd more than once a second.
-func (e *Engine) etcdMembers(ctx context.Context, s *Snapshot) ([]etcd.Member, error) {
+// takes prev's while prev read them less than etcdPoll ago, so that a burst
+// of changes on the watches does not poll etcd more than once a second.
+func (e *Engine) etcdMembers(ctx context.Context, s, prev *Snapshot) ([]etcd.Member, time.Time, error) {
 	if s.cached {
-		if time.Since(e.members.at) < etcdPoll {
-			return e.members.read, nil
+		if prev != nil && time.Since(prev.MembersRead) < etcdPoll {
+			return prev.Members, prev.MembersRead, nil
 		}
 		// A wait's read does not sit out etcd's retries: a member that does
 		// not answer soon fails it, and the live read that follows (see
@@ -303,22 +293,21 @@ func (e *Engine) etcdMembers(ctx context.Context, s *Snapshot) ([]etcd.Member, e
 	at := time.Now()
 	members, err := e.Etcd.Members(ctx, EtcdNodes(s))
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
-	e.members.at, e.members.read = at, members
-	return members, nil
+	return members, at, nil
 }
 
 // cachedEtcdLimit bounds the etcd read of a wait's cached snapshot.
 const cachedEtcdLimit = 5 * time.Second
 
-// etcdDue is how long until a cached read reads etcd again: etcdPoll when
-// etcd has not been read.
-func (e *Engine) etcdDue() time.Duration {
-	if e.members.at.IsZero() {
+// etcdDue is how long until a cached read after s reads etcd again:
+// etcdPoll when s did not read it.
+func etcdDue(s *Snapshot) time.Duration {
+	if s == nil || s.MembersRead.IsZero() {
 		return etcdPoll
 	}
-	return max(etcdPoll-time.Since(e.members.at), 10*time.Millisecond)
+	return max(etcdPoll-time.Since(s.MembersRead), 10*time.Millisecond)
 }
 
 // findUnreferencedNodes gives a deleting machine whose nodeRef was never set

@@ -49,9 +49,10 @@ type Prepared struct {
 // Prepare reads the control plane and checks the request against it without
 // changing anything: bad input is exit 2, an unsafe state exit 3. A control
 // plane that already matches (and carries no record of ours) is prepared with
-// NothingToDo set.
-func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
-	s, err := e.ReadFirst(ctx)
+// NothingToDo set. connected, when not nil, is the control plane as read a
+// moment ago (see ReadFirst).
+func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.ControlPlane) (*Prepared, error) {
+	s, err := e.ReadFirst(ctx, connected)
 	if err != nil {
 		return nil, err
 	}
@@ -359,10 +360,11 @@ func (e *Engine) runHop(ctx context.Context, p *Prepared, i int) error {
 		}
 		t.RolloutAfter = restartCutoff(rec, time.Now())
 	}
-	if err := e.Converge(ctx, t); err != nil {
+	done, err := e.Converge(ctx, t)
+	if err != nil {
 		return err
 	}
-	handedBack, err := e.handBack(ctx)
+	handedBack, err := e.handBack(ctx, done.CP)
 	if err != nil {
 		return err
 	}
@@ -515,13 +517,9 @@ func (e *Engine) prepareWorkload(ctx context.Context, live *kcpstate.ControlPlan
 }
 
 // handBack removes the pause and moves the record to the last operation:
-// KCP is in charge again. It returns the machines it handed back.
-func (e *Engine) handBack(ctx context.Context) (machines []string, err error) {
-	// What Converge has just read live and found done, or a fresh read.
-	live, err := e.lastConverged(ctx)
-	if err != nil {
-		return nil, err
-	}
+// KCP is in charge again. live is the control plane Converge has just read
+// and found done. It returns the machines it handed back.
+func (e *Engine) handBack(ctx context.Context, live *kcpstate.ControlPlane) (machines []string, err error) {
 	st := e.begin(HandBack, "", "unpausing KubeadmControlPlane "+live.KCP.Name)
 	defer st.end(&err)
 	if err := e.ControlPlane.Complete(ctx, live.KCP); err != nil {
@@ -529,16 +527,6 @@ func (e *Engine) handBack(ctx context.Context) (machines []string, err error) {
 	}
 	st.done("KubeadmControlPlane " + live.KCP.Name + " unpaused; KCP is in charge again")
 	return live.Machines.Names(), nil
-}
-
-// lastConverged is the control plane Converge has just found done on, or,
-// when it did not, a live read.
-func (e *Engine) lastConverged(ctx context.Context) (*kcpstate.ControlPlane, error) {
-	if s := e.converged; s != nil {
-		e.converged = nil
-		return s.CP, nil
-	}
-	return e.ControlPlane.Read(ctx)
 }
 
 // removeOrphans deletes what a killed run left between creating a

@@ -12,6 +12,7 @@ import (
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
@@ -221,11 +222,15 @@ type NextStatus struct {
 // Status reads the control plane without changing anything and without the
 // lock, so it works while a rollout runs. The management cluster must answer;
 // what the workload cluster or etcd cannot tell is listed in Errors. An
-// engine without a Workload shows the management cluster's half.
-func (e *Engine) Status(ctx context.Context) (*Status, error) {
-	cp, err := e.firstControlPlane(ctx)
-	if err != nil {
-		return nil, err
+// engine without a Workload shows the management cluster's half. connected,
+// when not nil, is the control plane as read a moment ago (see ReadFirst).
+func (e *Engine) Status(ctx context.Context, connected *kcpstate.ControlPlane) (*Status, error) {
+	cp := connected
+	if cp == nil {
+		var err error
+		if cp, err = e.ControlPlane.Read(ctx); err != nil {
+			return nil, err
+		}
 	}
 	rec, err := controlplane.RecordOf(cp.KCP)
 	if err != nil {
@@ -257,7 +262,7 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 	s, live := NewSnapshot(cp), false
 	if e.Workload == nil {
 		st.ManagementOnly = true
-	} else if read, err := e.Read(ctx); err != nil {
+	} else if read, err := e.ReadFirst(ctx, cp); err != nil {
 		st.Errors = append(st.Errors, err.Error())
 	} else {
 		s, live = read, true

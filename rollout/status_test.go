@@ -15,7 +15,7 @@ import (
 func TestStatusWithoutTheWorkloadCluster(t *testing.T) {
 	w := world(machineSpec{outdated: true}, machineSpec{}, machineSpec{deleting: true})
 	f := newScripted(w)
-	st, err := (&Engine{ControlPlane: f}).Status(context.Background())
+	st, err := (&Engine{ControlPlane: f}).Status(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestStatusWithoutTheWorkloadCluster(t *testing.T) {
 
 	// With the workload cluster, the same control plane has members and a
 	// next step.
-	st, err = (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background())
+	st, err = (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestStatusWithoutTheWorkloadCluster(t *testing.T) {
 // member no machine owns, and the member, as the loop would take it.
 func TestStatusShowsAStaleMemberAsNext(t *testing.T) {
 	f := newScripted(withMembers(world(machineSpec{}, machineSpec{}, machineSpec{}), staleLearner))
-	st, err := (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background())
+	st, err := (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

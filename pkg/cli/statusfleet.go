@@ -67,7 +67,7 @@ func (o *StatusOptions) etcdHealth(ctx context.Context, c fleet.Cluster) *fleet.
 		return &fleet.EtcdHealth{Error: err.Error()}
 	}
 	defer closeEngine()
-	s, err := engine.ReadFirst(ctx)
+	s, err := engine.ReadFirst(ctx, engine.Connected)
 	if err != nil {
 		return &fleet.EtcdHealth{Error: err.Error()}
 	}
