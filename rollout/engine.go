@@ -31,6 +31,8 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
@@ -65,13 +67,13 @@ type ControlPlane interface {
 	// The hand-over: lock, pause with a record, target, hand back.
 	// Acquire takes the Lease, watching a held one for expiry first (and
 	// telling waiting so).
-	Acquire(ctx context.Context, holder string, waiting func(*coordinationv1.Lease)) (*controlplane.Lock, error)
+	Acquire(ctx context.Context, holder string, waiting func(*coordinationv1.Lease)) (*runlock.Lock, error)
 	Lease(ctx context.Context) (*coordinationv1.Lease, error)
 	// LockedBy is the refusal a run meets while lease's live holder runs.
 	LockedBy(lease *coordinationv1.Lease) error
 	BreakLock(ctx context.Context, force bool, waiting func(*coordinationv1.Lease)) (string, error)
 	// Pause pauses kcp, as just read with its cluster, with rec.
-	Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record, timeout time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error)
+	Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec record.Record, timeout time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error)
 	// AwaitPaused waits until KCP reports Paused on kcp, paused already.
 	AwaitPaused(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, timeout time.Duration) (*controlplanev1.KubeadmControlPlane, error)
 	// SetTarget sets the target where its owner reads it: the KCP, or a
@@ -82,11 +84,11 @@ type ControlPlane interface {
 	// cannot be read: no machine could be made from it.
 	CheckTemplate(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
-	Restore(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record) error
+	Restore(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, rec record.Record) error
 	Complete(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	// RecordFailure adds a failed run's reason to the record on kcp, as
 	// just read, while its pause stands.
-	RecordFailure(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, f controlplane.Failure) error
+	RecordFailure(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, f record.Failure) error
 	// MachineDeployments are the cluster's workers, which --wait-workers
 	// follows on a topology cluster.
 	MachineDeployments(ctx context.Context) ([]clusterv1.MachineDeployment, error)
@@ -169,7 +171,7 @@ type Audit interface {
 	Warn(action, reason, note string, regarding ...client.Object)
 }
 
-// Lock is the run's hold on the cluster; *controlplane.Lock provides it.
+// Lock is the run's hold on the cluster; *runlock.Lock provides it.
 type Lock interface {
 	// Held fails once the lock is lost or about to be.
 	Held() error

@@ -22,6 +22,7 @@ import (
 	"github.com/cp-rollout/cp-rollout/etcd"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
@@ -512,10 +513,10 @@ func takeoverCheck(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmContro
 func PausedBySomeoneElse(s *Snapshot) error {
 	kcp := s.CP.KCP
 	_, paused := kcp.Annotations[clusterv1.PausedAnnotation]
-	_, ours := kcp.Annotations[controlplane.RecordAnnotation]
+	_, ours := kcp.Annotations[record.Annotation]
 	if paused && !ours {
 		return exitcode.Unsafef("KubeadmControlPlane %s is paused by someone else (annotation %s without a %s record): this tool never takes over or removes a pause it did not set; find who paused it and why",
-			kcp.Name, clusterv1.PausedAnnotation, controlplane.RecordAnnotation)
+			kcp.Name, clusterv1.PausedAnnotation, record.Annotation)
 	}
 	return nil
 }
@@ -574,11 +575,11 @@ func CheckState(s *Snapshot, r Request) error {
 	if err := CheckTakeover(s); err != nil {
 		return err
 	}
-	rec, err := controlplane.RecordOf(s.CP.KCP)
+	rec, err := record.Of(s.CP.KCP)
 	if err != nil {
 		return err
 	}
-	if rec != nil && rec.Operation != controlplane.PauseOperation && (rec.Operation != r.Operation || rec.Target != r.TargetString()) {
+	if rec != nil && rec.Operation != record.PauseOperation && (rec.Operation != r.Operation || rec.Target != r.TargetString()) {
 		return exitcode.Unsafef("KubeadmControlPlane %s holds an unfinished operation: %s; re-run that command to finish it, or `kubectl cp-rollout handback %s` to give control back to KCP",
 			s.CP.KCP.Name, rec, s.CP.Cluster.Name)
 	}

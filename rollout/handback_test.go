@@ -16,6 +16,7 @@ import (
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 )
 
 // handbackRace is a control plane whose lock, free when handback looks, is
@@ -29,7 +30,7 @@ func (h *handbackRace) BreakLock(context.Context, bool, func(*coordinationv1.Lea
 	return "", nil
 }
 
-func (h *handbackRace) Acquire(context.Context, string, func(*coordinationv1.Lease)) (*controlplane.Lock, error) {
+func (h *handbackRace) Acquire(context.Context, string, func(*coordinationv1.Lease)) (*runlock.Lock, error) {
 	return nil, exitcode.Lockedf("cluster default/demo is locked by bob@host/pid-2-abcde, which still renews it")
 }
 
@@ -67,7 +68,7 @@ func (h *handbackLocked) BreakLock(context.Context, bool, func(*coordinationv1.L
 	return "", nil
 }
 
-func (h *handbackLocked) Acquire(ctx context.Context, holder string, waiting func(*coordinationv1.Lease)) (*controlplane.Lock, error) {
+func (h *handbackLocked) Acquire(ctx context.Context, holder string, waiting func(*coordinationv1.Lease)) (*runlock.Lock, error) {
 	return h.lease.Acquire(ctx, holder, waiting)
 }
 
@@ -103,7 +104,7 @@ func TestHandbackGivesBackLeftCordons(t *testing.T) {
 		t.Errorf("handback says %q, want the uncordon named", done)
 	}
 	if lease, _ := h.lease.Lease(context.Background()); lease != nil {
-		t.Errorf("the lock handback took was not released: %s", controlplane.Holder(lease))
+		t.Errorf("the lock handback took was not released: %s", runlock.Holder(lease))
 	}
 }
 

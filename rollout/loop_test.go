@@ -28,6 +28,8 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
@@ -161,7 +163,7 @@ func (f *scripted) ReadKCP(ctx context.Context) (*clusterv1.Cluster, *controlpla
 func (f *scripted) Lease(context.Context) (*coordinationv1.Lease, error) { return f.lease, nil }
 
 func (f *scripted) LockedBy(lease *coordinationv1.Lease) error {
-	return exitcode.Lockedf("cluster default/demo is locked by %s", controlplane.Holder(lease))
+	return exitcode.Lockedf("cluster default/demo is locked by %s", runlock.Holder(lease))
 }
 
 func (f *scripted) Nodes(_ context.Context, names, _ []string) (map[string]workload.Node, error) {
@@ -513,7 +515,7 @@ func engineFor(f *scripted, timeouts Timeouts) (*Engine, *events) {
 
 // pausedByUs marks the world's KCP as this tool's, as Run leaves it.
 func pausedByUs(s *Snapshot) *Snapshot {
-	s.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true", controlplane.RecordAnnotation: `{"operation":"upgrade"}`}
+	s.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true", record.Annotation: `{"operation":"upgrade"}`}
 	return s
 }
 
@@ -978,7 +980,7 @@ func TestConvergeStopsWhenNoLongerOurs(t *testing.T) {
 	})
 	t.Run("paused by someone else", func(t *testing.T) {
 		f := newScripted(pausedByUs(world(old, old, old)))
-		delete(f.world.CP.KCP.Annotations, controlplane.RecordAnnotation)
+		delete(f.world.CP.KCP.Annotations, record.Annotation)
 		e, _ := engineFor(f, fast)
 		e.Lock = &heldLock{}
 		if err := converge(t, e, surge1); exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "paused by someone else") {
@@ -1188,7 +1190,7 @@ func TestConvergeStopsWhenTheClusterIsPaused(t *testing.T) {
 func TestPrepareWhileAnotherRunHoldsTheLock(t *testing.T) {
 	// Another run's operation is recorded on the KCP: a scale while an upgrade runs.
 	w := pausedByUs(world(machineSpec{}))
-	w.CP.KCP.Annotations[controlplane.RecordAnnotation] = `{"operation":"upgrade","target":"v1.36.3","who":"alice@host/pid-1"}`
+	w.CP.KCP.Annotations[record.Annotation] = `{"operation":"upgrade","target":"v1.36.3","who":"alice@host/pid-1"}`
 	scale := Request{Operation: "scale", Replicas: ptr.To(int32(3)), MaxSurge: 1}
 
 	f := newScripted(w)
@@ -1229,7 +1231,7 @@ type handover struct {
 	awaitPausedErr error
 }
 
-func (h *handover) Pause(_ context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record, _ time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
+func (h *handover) Pause(_ context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec record.Record, _ time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := mayTakeOver(cluster, kcp); err != nil {

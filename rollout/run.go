@@ -21,6 +21,8 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 )
 
 // Prepared is a checked request, ready to run: the snapshot it was checked on
@@ -92,7 +94,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 		return nil, exitcode.Usagef("--wait-workers follows the topology controller's upgrade of the workers, and cluster %s has no ClusterClass topology: upgrade its MachineDeployments yourself",
 			s.CP.Cluster.Name)
 	}
-	rec, err := controlplane.RecordOf(s.CP.KCP)
+	rec, err := record.Of(s.CP.KCP)
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +102,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 	// record alone; one that finished (and was killed before it could say
 	// so) is found in the last operation's record.
 	if _, ok := s.CP.Machines[r.Replace]; r.Replace != "" && rec == nil && !ok {
-		if last := controlplane.LastOf(s.CP.KCP); last != nil && last.Finished != nil && last.Operation == r.Operation && last.Target == r.TargetString() {
+		if last := record.LastOf(s.CP.KCP); last != nil && last.Finished != nil && last.Operation == r.Operation && last.Target == r.TargetString() {
 			return &Prepared{Request: r, NothingToDo: fmt.Sprintf("nothing to do: machine %s was replaced by %s, finished %s",
 				r.Replace, last.Who, last.Finished.Format(time.RFC3339))}, nil
 		}
@@ -123,7 +125,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 		t.RolloutAfter = restartCutoff(rec, s.Now)
 	}
 	// A `pause` record is no run of ours to resume: it only holds KCP back.
-	resuming := rec != nil && rec.Operation != controlplane.PauseOperation
+	resuming := rec != nil && rec.Operation != record.PauseOperation
 	if broken := Broken(&future, t, resuming); broken.Len() > 0 {
 		if !r.ReplaceUnhealthy {
 			if lock := e.lockedByAnotherRun(ctx); lock != nil {
@@ -213,7 +215,7 @@ func skipsMinor(from, to string) bool {
 // about to be recorded. It is truncated to the second, the precision of a
 // Machine's creationTimestamp: a replacement created within the cut-off's
 // second must not count as created before it.
-func restartCutoff(rec *controlplane.Record, now time.Time) time.Time {
+func restartCutoff(rec *record.Record, now time.Time) time.Time {
 	if rec != nil && rec.Operation == "restart" {
 		now = rec.Started
 	}
@@ -227,7 +229,7 @@ func restartCutoff(rec *controlplane.Record, now time.Time) time.Time {
 // lock-out, and no Lease is taken or broken on it.
 func (e *Engine) lockedByAnotherRun(ctx context.Context) error {
 	lease, err := e.ControlPlane.Lease(ctx)
-	if err != nil || lease == nil || !controlplane.Live(lease, time.Now()) {
+	if err != nil || lease == nil || !runlock.Live(lease, time.Now()) {
 		return nil
 	}
 	return e.ControlPlane.LockedBy(lease)
@@ -235,9 +237,9 @@ func (e *Engine) lockedByAnotherRun(ctx context.Context) error {
 
 // acquire takes the cluster's lock; a Lease another run holds is a step of
 // its own while the tool watches whether its holder still renews it.
-func (e *Engine) acquire(ctx context.Context) (lock *controlplane.Lock, err error) {
+func (e *Engine) acquire(ctx context.Context) (lock *runlock.Lock, err error) {
 	w := e.lockWait("taken over")
-	lock, err = e.ControlPlane.Acquire(ctx, controlplane.Who(), w.watching)
+	lock, err = e.ControlPlane.Acquire(ctx, record.Who(), w.watching)
 	w.end(&err)
 	return lock, err
 }
@@ -257,7 +259,7 @@ func (e *Engine) lockWait(then string) *lockWait { return &lockWait{e: e, then: 
 // watching is the call's waiting hook.
 func (w *lockWait) watching(l *coordinationv1.Lease) {
 	w.st = w.e.begin(AwaitLock, "", fmt.Sprintf("the lock is held by %s: watching whether it is still renewed; if it goes %s without, it is %s",
-		controlplane.Holder(l), controlplane.LeaseDuration, w.then))
+		runlock.Holder(l), runlock.LeaseDuration, w.then))
 }
 
 // end closes the step, if the call began one, with the call's error.
@@ -268,9 +270,9 @@ func (w *lockWait) end(err *error) {
 }
 
 // cleanupContext is for what a stopping run still does on its way out
-// (release the Lease, undo a pause it cannot keep): controlplane.CleanupContext.
+// (release the Lease, undo a pause it cannot keep): runlock.CleanupContext.
 func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return controlplane.CleanupContext(ctx)
+	return runlock.CleanupContext(ctx)
 }
 
 // Run performs a prepared request with the KCP hand-over around the loop:
@@ -354,7 +356,7 @@ func (e *Engine) runHop(ctx context.Context, p *Prepared, i int) error {
 	if t.Operation == "restart" {
 		// The record now on the KubeadmControlPlane is this restart's, set
 		// by the pause or left by an interrupted run: its start is the cut-off.
-		rec, err := controlplane.RecordOf(live.KCP)
+		rec, err := record.Of(live.KCP)
 		if err != nil {
 			return err
 		}
@@ -401,20 +403,20 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 	if err != nil {
 		return nil, err
 	}
-	rec, err := controlplane.RecordOf(kcp)
+	rec, err := record.Of(kcp)
 	if err != nil {
 		return nil, err
 	}
 	// A KubeadmControlPlane held by `pause` is taken over: this run's record
 	// replaces the pause's, and the hand-back at the end is this run's.
-	var held *controlplane.Record
-	if rec != nil && rec.Operation == controlplane.PauseOperation {
+	var held *record.Record
+	if rec != nil && rec.Operation == record.PauseOperation {
 		held, rec = rec, nil
 	}
 	pausedNow := rec == nil
 	if pausedNow {
 		// The target is set on the KubeadmControlPlane the pause read last.
-		mine := controlplane.Record{Operation: r.Operation, Target: r.TargetString(), Who: controlplane.Who(), Started: time.Now().UTC()}
+		mine := record.Record{Operation: r.Operation, Target: r.TargetString(), Who: record.Who(), Started: time.Now().UTC()}
 		if kcp, err = e.pause(ctx, cluster, kcp, mine, held); err != nil {
 			return nil, err
 		}
@@ -453,7 +455,7 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 // user sees (exit 2). Any other failure leaves the pause and record for a
 // re-run, as every interruption does. A `pause` this run took over (held)
 // is put back as it was, not handed back.
-func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, pausedNow bool, held *controlplane.Record, err error) error {
+func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, pausedNow bool, held *record.Record, err error) error {
 	if !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) {
 		return err
 	}
@@ -480,7 +482,7 @@ func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.Kubeadm
 // that was not paused. A pause that is then found unsafe to keep (a
 // remediation KCP started just before) is handed back at once — or, when it
 // was held by `pause`, left held as it was.
-func (e *Engine) pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record, held *controlplane.Record) (_ *controlplanev1.KubeadmControlPlane, err error) {
+func (e *Engine) pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec record.Record, held *record.Record) (_ *controlplanev1.KubeadmControlPlane, err error) {
 	what := "pausing KubeadmControlPlane " + kcp.Name
 	if held != nil {
 		what = "taking over KubeadmControlPlane " + kcp.Name + ", held by cp-rollout pause (" + held.Detail() + ")"
