@@ -28,7 +28,6 @@ import (
 	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
 	"github.com/cp-rollout/cp-rollout/pkg/record"
@@ -36,18 +35,35 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
-// ControlPlane is what the engine reads and writes on the management cluster;
-// *controlplane.Client provides it.
+// ControlPlane is what the engine reads and writes on the management cluster,
+// role by role; *controlplane.Client provides all of it.
 type ControlPlane interface {
+	Reader
+	Machines
+	ClusterLock
+	HandOver
+	Topology
+}
+
+// Source is where a snapshot's management-cluster half comes from: KCP's own
+// view of the control plane, read live or from the watches' caches.
+type Source interface {
+	Read(ctx context.Context) (*kcpstate.ControlPlane, error)
+}
+
+// Reader reads the control plane live.
+type Reader interface {
+	Source
 	// Key names the Cluster.
 	Key() types.NamespacedName
-	// Read returns KCP's own view of the control plane.
-	Read(ctx context.Context) (*kcpstate.ControlPlane, error)
 	// ReadKCP reads the Cluster and its KubeadmControlPlane alone.
 	ReadKCP(ctx context.Context) (*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, error)
 	// WithKCP is cp as KCP would see it with want as its spec.
 	WithKCP(ctx context.Context, cp *kcpstate.ControlPlane, want *controlplanev1.KubeadmControlPlane) (*kcpstate.ControlPlane, error)
+}
 
+// Machines is what a run does to the machines, as KCP would.
+type Machines interface {
 	// CreateReplacement creates one machine as KCP would, in failureDomain.
 	CreateReplacement(ctx context.Context, cp *kcpstate.ControlPlane, failureDomain string) (*clusterv1.Machine, error)
 	// EnsureCleanupHook puts the kcp-cleanup pre-terminate hook on a victim.
@@ -63,8 +79,10 @@ type ControlPlane interface {
 	DrainRules(ctx context.Context) ([]string, error)
 	Orphans(ctx context.Context, cp *kcpstate.ControlPlane) ([]client.Object, error)
 	DeleteOrphan(ctx context.Context, obj client.Object) error
+}
 
-	// The hand-over: lock, pause with a record, target, hand back.
+// ClusterLock is the cluster's Lease, which serialises runs.
+type ClusterLock interface {
 	// Acquire takes the Lease, watching a held one for expiry first (and
 	// telling waiting so).
 	Acquire(ctx context.Context, holder string, waiting func(*coordinationv1.Lease)) (*runlock.Lock, error)
@@ -72,8 +90,14 @@ type ControlPlane interface {
 	// LockedBy is the refusal a run meets while lease's live holder runs.
 	LockedBy(lease *coordinationv1.Lease) error
 	BreakLock(ctx context.Context, force bool, waiting func(*coordinationv1.Lease)) (string, error)
-	// Pause pauses kcp, as just read with its cluster, with rec.
-	Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec record.Record, timeout time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error)
+}
+
+// HandOver is taking the KubeadmControlPlane over from KCP and handing it
+// back: pause with a record, target, hand back.
+type HandOver interface {
+	// Pause pauses kcp, as just read with its cluster, with rec; it asks
+	// mayTakeOver again on what it reads before each attempt.
+	Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec record.Record, timeout time.Duration, mayTakeOver func(*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane) error) (*controlplanev1.KubeadmControlPlane, error)
 	// AwaitPaused waits until KCP reports Paused on kcp, paused already.
 	AwaitPaused(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, timeout time.Duration) (*controlplanev1.KubeadmControlPlane, error)
 	// SetTarget sets the target where its owner reads it: the KCP, or a
@@ -89,6 +113,11 @@ type ControlPlane interface {
 	// RecordFailure adds a failed run's reason to the record on kcp, as
 	// just read, while its pause stands.
 	RecordFailure(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, f record.Failure) error
+}
+
+// Topology is what a ClusterClass cluster's upgrade reads besides the
+// control plane.
+type Topology interface {
 	// MachineDeployments are the cluster's workers, which --wait-workers
 	// follows on a topology cluster.
 	MachineDeployments(ctx context.Context) ([]clusterv1.MachineDeployment, error)
@@ -144,17 +173,12 @@ type Changes interface {
 // reads live first (see Converge and await).
 type Cache struct {
 	// ControlPlane is a controlplane.Client over the watches' caches.
-	ControlPlane controlPlaneReader
+	ControlPlane Source
 	// Workload is the nodes and static pods the watches hold.
 	Workload nodeReader
 }
 
-// controlPlaneReader is the read of ControlPlane, live or cached.
-type controlPlaneReader interface {
-	Read(ctx context.Context) (*kcpstate.ControlPlane, error)
-}
-
-// readFunc is a function as a controlPlaneReader.
+// readFunc is a function as a Source.
 type readFunc func(ctx context.Context) (*kcpstate.ControlPlane, error)
 
 func (f readFunc) Read(ctx context.Context) (*kcpstate.ControlPlane, error) { return f(ctx) }
@@ -242,10 +266,10 @@ func (e *Engine) readCached(ctx context.Context, prev *Snapshot) (*Snapshot, err
 	return e.readFrom(ctx, e.Cache.ControlPlane, e.Cache.Workload, true, prev)
 }
 
-// readFrom reads a snapshot through cpr and nodes, from the caches or live;
+// readFrom reads a snapshot through src and nodes, from the caches or live;
 // a cached read may take the etcd members of prev, the snapshot before it.
-func (e *Engine) readFrom(ctx context.Context, cpr controlPlaneReader, nodes nodeReader, cached bool, prev *Snapshot) (*Snapshot, error) {
-	cp, err := cpr.Read(ctx)
+func (e *Engine) readFrom(ctx context.Context, src Source, nodes nodeReader, cached bool, prev *Snapshot) (*Snapshot, error) {
+	cp, err := src.Read(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -9,12 +9,10 @@ import (
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/pkg/runlock"
@@ -89,8 +87,7 @@ func (w *warnings) Warn(action, reason, note string, regarding ...client.Object)
 
 func failedOn(w *Snapshot) (*Engine, *failing, *warnings) {
 	s := newScripted(w)
-	f := &failing{handbackLocked: &handbackLocked{scripted: s,
-		lease: controlplane.New(fake.NewClientBuilder().WithScheme(controlplane.Scheme()).Build(), "default", "demo")}}
+	f := &failing{handbackLocked: &handbackLocked{scripted: s, lease: newFakeLease()}}
 	e, _ := engineFor(s, fast)
 	e.ControlPlane = f
 	warned := &warnings{}

@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
@@ -501,7 +500,7 @@ func CheckTakeover(s *Snapshot) error {
 	return nil
 }
 
-// takeoverCheck is CheckTakeover for what controlplane.Pause reads on each
+// takeoverCheck is CheckTakeover for what HandOver.Pause reads on each
 // attempt.
 func takeoverCheck(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane) error {
 	return CheckTakeover(NewSnapshot(&kcpstate.ControlPlane{Cluster: cluster, KCP: kcp}))
@@ -559,7 +558,7 @@ func TargetUnchanged(s *Snapshot, t Target) error {
 		return exitcode.Unsafef("KubeadmControlPlane %s's machines are made from %s %s, not %s: someone changed it during the run",
 			s.CP.KCP.Name, ref.Kind, ref.Name, t.Template)
 	}
-	if cluster := s.CP.Cluster; controlplane.ManagedByTopology(cluster) && cluster.Spec.Topology.Version != t.Version {
+	if cluster := s.CP.Cluster; cluster.Spec.Topology.IsDefined() && cluster.Spec.Topology.Version != t.Version {
 		return exitcode.Unsafef("Cluster %s's topology asks for %s, not %s: someone changed it during the run",
 			cluster.Name, cluster.Spec.Topology.Version, t.Version)
 	}

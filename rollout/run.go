@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
 	"github.com/cp-rollout/cp-rollout/pkg/record"
@@ -90,7 +89,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 			return nil, err
 		}
 	}
-	if e.Timeouts.Workers > 0 && !controlplane.ManagedByTopology(s.CP.Cluster) {
+	if e.Timeouts.Workers > 0 && !s.CP.Cluster.Spec.Topology.IsDefined() {
 		return nil, exitcode.Usagef("--wait-workers follows the topology controller's upgrade of the workers, and cluster %s has no ClusterClass topology: upgrade its MachineDeployments yourself",
 			s.CP.Cluster.Name)
 	}
@@ -112,7 +111,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 	if err != nil {
 		return nil, err
 	}
-	if controlplane.ManagedByTopology(projected.Cluster) {
+	if projected.Cluster.Spec.Topology.IsDefined() {
 		// The target is set in the topology, and copied from there.
 		cluster := projected.Cluster.DeepCopy()
 		cluster.Spec.Topology.Version, cluster.Spec.Topology.ControlPlane.Replicas = want.Spec.Version, want.Spec.Replicas
@@ -192,7 +191,7 @@ func replaceHint(s *Snapshot, m *clusterv1.Machine) string {
 // own. It stays out of the record, so a re-run finds the same operation.
 func (e *Engine) via(ctx context.Context, s *Snapshot, r Request) ([]string, error) {
 	lowest := s.CP.Machines.LowestVersion()
-	if len(r.Via) > 0 || !skipsMinor(lowest, r.Version) || !controlplane.ManagedByTopology(s.CP.Cluster) {
+	if len(r.Via) > 0 || !skipsMinor(lowest, r.Version) || !s.CP.Cluster.Spec.Topology.IsDefined() {
 		return r.Via, nil
 	}
 	plan, err := e.ControlPlane.ClassUpgradePlan(ctx, s.CP.Cluster, lowest, r.Version)
@@ -380,7 +379,7 @@ func (e *Engine) runHop(ctx context.Context, p *Prepared, i int) error {
 		}
 	}
 	workers := e.Timeouts.Workers
-	if !last && workers == 0 && controlplane.ManagedByTopology(live.Cluster) {
+	if !last && workers == 0 && live.Cluster.Spec.Topology.IsDefined() {
 		workers = defaultWorkersWait
 	}
 	if workers > 0 && hop != "" {

@@ -15,7 +15,6 @@ import (
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 )
@@ -246,7 +245,7 @@ func (e *Engine) Status(ctx context.Context, connected *kcpstate.ControlPlane) (
 			State: PauseState(paused, rec)},
 		Machines: []MachineStatus{}, EtcdMembers: []MemberStatus{},
 	}
-	if t := cp.Cluster.Spec.Topology; controlplane.ManagedByTopology(cp.Cluster) {
+	if t := cp.Cluster.Spec.Topology; t.IsDefined() {
 		st.Topology = &TopologyStatus{Class: t.ClassRef.Name, Version: t.Version, Replicas: t.ControlPlane.Replicas}
 	}
 

@@ -26,14 +26,12 @@ import (
 // annotation, read on every reconcile of the KubeadmControlPlane.
 const maxFailureReason = 1024
 
-// TakeoverCheck refuses a control plane this tool must not pause; Pause asks
-// it again on every attempt, on what it has just read.
-type TakeoverCheck func(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane) error
-
 // Pause sets the pause annotation and our operation record in one patch, then
 // waits until the KCP controller reports Paused: an annotation does not stop a
 // reconcile already running, the condition does. cluster and kcp are as the
-// caller has just read them.
+// caller has just read them. mayTakeOver refuses a control plane this tool
+// must not pause; Pause asks it again on every attempt, on what it has just
+// read.
 //
 // The patch carries the resourceVersion the takeover was checked on, so a
 // KubeadmControlPlane that changed in between (paused by someone else, a
@@ -44,7 +42,7 @@ type TakeoverCheck func(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmC
 // previous hand-back, KCP may not yet have recomputed the True it reported
 // while paused, and a reconcile with an unpaused view may still be running.
 // So a True seen before the pause must first turn False.
-func (c *Client) Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec record.Record, timeout time.Duration, mayTakeOver TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
+func (c *Client) Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec record.Record, timeout time.Duration, mayTakeOver func(*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane) error) (*controlplanev1.KubeadmControlPlane, error) {
 	raw, err := json.Marshal(rec)
 	if err != nil {
 		return nil, err
