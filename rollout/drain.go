@@ -34,7 +34,7 @@ func (e *Engine) drain(ctx context.Context, m *clusterv1.Machine) (d workload.Dr
 	if err != nil || len(rules) > 0 {
 		return d, ctx.Err()
 	}
-	st := e.begin("drain", m.Name, "draining node "+node)
+	st := e.begin(Drain, m.Name, "draining node "+node)
 	defer st.end(&err)
 	d, err = e.Workload.Drain(ctx, node, drainLimit)
 	if err != nil {
@@ -82,7 +82,7 @@ func (e *Engine) giveBackCordoned(ctx context.Context, cp *kcpstate.ControlPlane
 		if m == nil || !m.DeletionTimestamp.IsZero() {
 			continue
 		}
-		st := e.begin("uncordon", m.Name, "node "+node+" was cordoned by a run that stopped before deleting "+m.Name+": giving it back")
+		st := e.begin(Uncordon, m.Name, "node "+node+" was cordoned by a run that stopped before deleting "+m.Name+": giving it back")
 		err := e.Workload.Uncordon(ctx, node)
 		st.end(&err)
 		if err != nil {

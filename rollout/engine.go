@@ -28,24 +28,42 @@ import (
 	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
-// ControlPlane is what the engine reads and writes on the management cluster;
-// *controlplane.Client provides it.
+// ControlPlane is what the engine reads and writes on the management cluster,
+// role by role; *controlplane.Client provides all of it.
 type ControlPlane interface {
+	Reader
+	Machines
+	ClusterLock
+	HandOver
+	Topology
+}
+
+// Source is where a snapshot's management-cluster half comes from: KCP's own
+// view of the control plane, read live or from the watches' caches.
+type Source interface {
+	Read(ctx context.Context) (*kcpstate.ControlPlane, error)
+}
+
+// Reader reads the control plane live.
+type Reader interface {
+	Source
 	// Key names the Cluster.
 	Key() types.NamespacedName
-	// Read returns KCP's own view of the control plane.
-	Read(ctx context.Context) (*kcpstate.ControlPlane, error)
 	// ReadKCP reads the Cluster and its KubeadmControlPlane alone.
 	ReadKCP(ctx context.Context) (*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, error)
 	// WithKCP is cp as KCP would see it with want as its spec.
 	WithKCP(ctx context.Context, cp *kcpstate.ControlPlane, want *controlplanev1.KubeadmControlPlane) (*kcpstate.ControlPlane, error)
+}
 
+// Machines is what a run does to the machines, as KCP would.
+type Machines interface {
 	// CreateReplacement creates one machine as KCP would, in failureDomain.
 	CreateReplacement(ctx context.Context, cp *kcpstate.ControlPlane, failureDomain string) (*clusterv1.Machine, error)
 	// EnsureCleanupHook puts the kcp-cleanup pre-terminate hook on a victim.
@@ -61,17 +79,25 @@ type ControlPlane interface {
 	DrainRules(ctx context.Context) ([]string, error)
 	Orphans(ctx context.Context, cp *kcpstate.ControlPlane) ([]client.Object, error)
 	DeleteOrphan(ctx context.Context, obj client.Object) error
+}
 
-	// The hand-over: lock, pause with a record, target, hand back.
+// ClusterLock is the cluster's Lease, which serialises runs.
+type ClusterLock interface {
 	// Acquire takes the Lease, watching a held one for expiry first (and
 	// telling waiting so).
-	Acquire(ctx context.Context, holder string, waiting func(*coordinationv1.Lease)) (*controlplane.Lock, error)
+	Acquire(ctx context.Context, holder string, waiting func(*coordinationv1.Lease)) (*runlock.Lock, error)
 	Lease(ctx context.Context) (*coordinationv1.Lease, error)
 	// LockedBy is the refusal a run meets while lease's live holder runs.
 	LockedBy(lease *coordinationv1.Lease) error
 	BreakLock(ctx context.Context, force bool, waiting func(*coordinationv1.Lease)) (string, error)
-	// Pause pauses kcp, as just read with its cluster, with rec.
-	Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record, timeout time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error)
+}
+
+// HandOver is taking the KubeadmControlPlane over from KCP and handing it
+// back: pause with a record, target, hand back.
+type HandOver interface {
+	// Pause pauses kcp, as just read with its cluster, with rec; it asks
+	// mayTakeOver again on what it reads before each attempt.
+	Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec record.Record, timeout time.Duration, mayTakeOver func(*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane) error) (*controlplanev1.KubeadmControlPlane, error)
 	// AwaitPaused waits until KCP reports Paused on kcp, paused already.
 	AwaitPaused(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, timeout time.Duration) (*controlplanev1.KubeadmControlPlane, error)
 	// SetTarget sets the target where its owner reads it: the KCP, or a
@@ -82,11 +108,16 @@ type ControlPlane interface {
 	// cannot be read: no machine could be made from it.
 	CheckTemplate(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
-	Restore(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record) error
+	Restore(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, rec record.Record) error
 	Complete(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	// RecordFailure adds a failed run's reason to the record on kcp, as
 	// just read, while its pause stands.
-	RecordFailure(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, f controlplane.Failure) error
+	RecordFailure(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, f record.Failure) error
+}
+
+// Topology is what a ClusterClass cluster's upgrade reads besides the
+// control plane.
+type Topology interface {
 	// MachineDeployments are the cluster's workers, which --wait-workers
 	// follows on a topology cluster.
 	MachineDeployments(ctx context.Context) ([]clusterv1.MachineDeployment, error)
@@ -142,17 +173,12 @@ type Changes interface {
 // reads live first (see Converge and await).
 type Cache struct {
 	// ControlPlane is a controlplane.Client over the watches' caches.
-	ControlPlane controlPlaneReader
+	ControlPlane Source
 	// Workload is the nodes and static pods the watches hold.
 	Workload nodeReader
 }
 
-// controlPlaneReader is the read of ControlPlane, live or cached.
-type controlPlaneReader interface {
-	Read(ctx context.Context) (*kcpstate.ControlPlane, error)
-}
-
-// readFunc is a function as a controlPlaneReader.
+// readFunc is a function as a Source.
 type readFunc func(ctx context.Context) (*kcpstate.ControlPlane, error)
 
 func (f readFunc) Read(ctx context.Context) (*kcpstate.ControlPlane, error) { return f(ctx) }
@@ -169,7 +195,7 @@ type Audit interface {
 	Warn(action, reason, note string, regarding ...client.Object)
 }
 
-// Lock is the run's hold on the cluster; *controlplane.Lock provides it.
+// Lock is the run's hold on the cluster; *runlock.Lock provides it.
 type Lock interface {
 	// Held fails once the lock is lost or about to be.
 	Held() error
@@ -193,10 +219,14 @@ type Engine struct {
 	Timeouts Timeouts
 	// Requests, when set, counts the run's round trips for its summary.
 	Requests func() progress.Requests
-	// Connected, when set, is the control plane as read live while
-	// connecting, which the first look of a verb takes (ReadFirst).
+	// Connected is the control plane as read live while connecting. The
+	// engine never reads it: the caller passes it to the first look of a
+	// verb (Prepare, Status, ReadFirst).
 	Connected *kcpstate.ControlPlane
 
+	// What follows is the run's memory across snapshots, each the run's own
+	// account of what it did: no snapshot is kept here; each decision is
+	// taken on the snapshot passed to it.
 	steps stepLog
 	// seenHealthy names the machines this engine has read healthy.
 	seenHealthy map[string]bool
@@ -206,54 +236,40 @@ type Engine struct {
 	// synced is the reason of the sync step just taken, until another step
 	// is (syncMachines).
 	synced string
-	// handed is the live snapshot a wait ended on, for the loop's next turn
-	// (takeOrRead); only await sets it.
-	handed *Snapshot
-	// converged is the live snapshot Converge found done on, for the
-	// hand-back that follows it (handBack).
-	converged *Snapshot
-	// members is the latest etcd membership read, which a cached read takes
-	// while it is younger than etcdPoll.
-	members struct {
-		at   time.Time
-		read []etcd.Member
-	}
 }
 
 // Read takes one live snapshot: management cluster first, then the workload
 // nodes of its machines, then etcd through those nodes.
 func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
-	return e.readFrom(ctx, e.ControlPlane, e.Workload, false)
+	return e.readFrom(ctx, e.ControlPlane, e.Workload, false, nil)
 }
 
-// ReadFirst is Read for a verb's first look (Prepare, status): it takes the
-// control plane as connect read it a moment ago, once, rather than read it
-// again; the workload cluster and etcd are read now. Nothing that changes the
-// cluster is decided on it: every step reads live again.
-func (e *Engine) ReadFirst(ctx context.Context) (*Snapshot, error) {
-	return e.readFrom(ctx, readFunc(e.firstControlPlane), e.Workload, false)
-}
-
-// firstControlPlane is ReadFirst's read of the management cluster.
-func (e *Engine) firstControlPlane(ctx context.Context) (*kcpstate.ControlPlane, error) {
-	if cp := e.Connected; cp != nil {
-		e.Connected = nil
-		return cp, nil
+// ReadFirst is Read for a verb's first look (Prepare, status) on cp, the
+// control plane as connecting read it a moment ago, rather than a second
+// read of it; the workload cluster and etcd are read now. With cp nil it is
+// Read. Nothing that changes the cluster is decided on it: every step reads
+// live again.
+func (e *Engine) ReadFirst(ctx context.Context, cp *kcpstate.ControlPlane) (*Snapshot, error) {
+	if cp == nil {
+		return e.Read(ctx)
 	}
-	return e.ControlPlane.Read(ctx)
+	return e.readFrom(ctx, readFunc(func(context.Context) (*kcpstate.ControlPlane, error) { return cp, nil }), e.Workload, false, nil)
 }
 
 // readCached takes a snapshot from the watches' caches, with etcd read live
-// unless it was read less than etcdPoll ago; a live one without a cache.
-func (e *Engine) readCached(ctx context.Context) (*Snapshot, error) {
+// unless prev, the snapshot before it, read it less than etcdPoll ago; a
+// live one without a cache.
+func (e *Engine) readCached(ctx context.Context, prev *Snapshot) (*Snapshot, error) {
 	if e.Cache == nil {
 		return e.Read(ctx)
 	}
-	return e.readFrom(ctx, e.Cache.ControlPlane, e.Cache.Workload, true)
+	return e.readFrom(ctx, e.Cache.ControlPlane, e.Cache.Workload, true, prev)
 }
 
-func (e *Engine) readFrom(ctx context.Context, cpr controlPlaneReader, nodes nodeReader, cached bool) (*Snapshot, error) {
-	cp, err := cpr.Read(ctx)
+// readFrom reads a snapshot through src and nodes, from the caches or live;
+// a cached read may take the etcd members of prev, the snapshot before it.
+func (e *Engine) readFrom(ctx context.Context, src Source, nodes nodeReader, cached bool, prev *Snapshot) (*Snapshot, error) {
+	cp, err := src.Read(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -270,7 +286,7 @@ func (e *Engine) readFrom(ctx context.Context, cpr controlPlaneReader, nodes nod
 		return nil, err
 	}
 	if s.EtcdManaged && len(names) > 0 {
-		if s.Members, err = e.etcdMembers(ctx, s); err != nil {
+		if s.Members, s.MembersRead, err = e.etcdMembers(ctx, s, prev); err != nil {
 			err = fmt.Errorf("workload cluster %s: etcd: %w", e.ControlPlane.Key(), err)
 			// Members whose certificates the cluster's etcd CA did not sign
 			// cannot be trusted, and no retry mends that: refuse at once.
@@ -286,12 +302,12 @@ func (e *Engine) readFrom(ctx context.Context, cpr controlPlaneReader, nodes nod
 }
 
 // etcdMembers reads the membership through s's nodes; a cached snapshot
-// takes the latest read while it is younger than etcdPoll, so that a burst of
-// changes on the watches does not poll etcd more than once a second.
-func (e *Engine) etcdMembers(ctx context.Context, s *Snapshot) ([]etcd.Member, error) {
+// takes prev's while prev read them less than etcdPoll ago, so that a burst
+// of changes on the watches does not poll etcd more than once a second.
+func (e *Engine) etcdMembers(ctx context.Context, s, prev *Snapshot) ([]etcd.Member, time.Time, error) {
 	if s.cached {
-		if time.Since(e.members.at) < etcdPoll {
-			return e.members.read, nil
+		if prev != nil && time.Since(prev.MembersRead) < etcdPoll {
+			return prev.Members, prev.MembersRead, nil
 		}
 		// A wait's read does not sit out etcd's retries: a member that does
 		// not answer soon fails it, and the live read that follows (see
@@ -303,22 +319,21 @@ func (e *Engine) etcdMembers(ctx context.Context, s *Snapshot) ([]etcd.Member, e
 	at := time.Now()
 	members, err := e.Etcd.Members(ctx, EtcdNodes(s))
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
-	e.members.at, e.members.read = at, members
-	return members, nil
+	return members, at, nil
 }
 
 // cachedEtcdLimit bounds the etcd read of a wait's cached snapshot.
 const cachedEtcdLimit = 5 * time.Second
 
-// etcdDue is how long until a cached read reads etcd again: etcdPoll when
-// etcd has not been read.
-func (e *Engine) etcdDue() time.Duration {
-	if e.members.at.IsZero() {
+// etcdDue is how long until a cached read after s reads etcd again:
+// etcdPoll when s did not read it.
+func etcdDue(s *Snapshot) time.Duration {
+	if s == nil || s.MembersRead.IsZero() {
 		return etcdPoll
 	}
-	return max(etcdPoll-time.Since(e.members.at), 10*time.Millisecond)
+	return max(etcdPoll-time.Since(s.MembersRead), 10*time.Millisecond)
 }
 
 // findUnreferencedNodes gives a deleting machine whose nodeRef was never set

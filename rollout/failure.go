@@ -9,9 +9,9 @@ import (
 
 	"sigs.k8s.io/cluster-api/util/annotations"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 )
 
 // A run that fails leaves its pause standing, so that a re-run resumes where
@@ -84,7 +84,7 @@ func (e *Engine) AfterFailure(ctx context.Context, r Request, runErr error, hand
 	if err != nil {
 		return Aftermath{}
 	}
-	rec, err := controlplane.RecordOf(kcp)
+	rec, err := record.Of(kcp)
 	if err != nil || rec == nil || !annotations.HasPaused(kcp) || rec.Operation != r.Operation || rec.Target != r.TargetString() {
 		return Aftermath{}
 	}
@@ -103,7 +103,7 @@ func (e *Engine) AfterFailure(ctx context.Context, r Request, runErr error, hand
 		}
 		a.Stayed = why
 	}
-	e.recordFailure(ctx, controlplane.Failure{Reason: runErr.Error(), Time: time.Now(), ExitCode: code})
+	e.recordFailure(ctx, record.Failure{Reason: runErr.Error(), Time: time.Now(), ExitCode: code})
 	if e.Audit != nil {
 		e.Audit.Warn("stay-paused", "PausedAfterFailure", failureNote(operation, code, runErr, a.Hint), cluster, kcp)
 	}
@@ -131,14 +131,14 @@ func (e *Engine) handBackAfterFailure(ctx context.Context, operation string, cod
 	if done, err = e.Handback(ctx, false); err != nil {
 		return nil, "handing back failed: " + err.Error()
 	}
-	e.note("handback", fmt.Sprintf("%s failed (exit %d) with no machine in flight: KubeadmControlPlane handed back to KCP (--on-failure handback)", operation, code))
+	e.note(HandBack, fmt.Sprintf("%s failed (exit %d) with no machine in flight: KubeadmControlPlane handed back to KCP (--on-failure handback)", operation, code))
 	return done, ""
 }
 
 // recordFailure adds f to the operation record, under the lock, as every
 // write to the KubeadmControlPlane is made; a record it cannot write is said
 // and left as it was.
-func (e *Engine) recordFailure(ctx context.Context, f controlplane.Failure) {
+func (e *Engine) recordFailure(ctx context.Context, f record.Failure) {
 	err := e.holding(ctx, func(ctx context.Context) error {
 		_, kcp, err := e.ControlPlane.ReadKCP(ctx)
 		if err != nil {
@@ -147,7 +147,7 @@ func (e *Engine) recordFailure(ctx context.Context, f controlplane.Failure) {
 		return e.ControlPlane.RecordFailure(ctx, kcp, f)
 	})
 	if err != nil && !errors.Is(err, context.Canceled) {
-		e.report("record-failure", "", progress.Failed, "the failure was not recorded on the KubeadmControlPlane: "+err.Error(), time.Now())
+		e.report(RecordFailure, "", progress.Failed, "the failure was not recorded on the KubeadmControlPlane: "+err.Error(), time.Now())
 	}
 }
 

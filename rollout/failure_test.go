@@ -9,13 +9,13 @@ import (
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 )
 
 // TestInFlight: a machine being deleted and a replacement still joining are
@@ -53,14 +53,14 @@ func TestInFlight(t *testing.T) {
 // Events are kept for the test to look at.
 type failing struct {
 	*handbackLocked
-	recorded []controlplane.Failure
+	recorded []record.Failure
 	// lockedWhileRecording: the record was written under the run's lock.
 	lockedWhileRecording bool
 }
 
-func (f *failing) RecordFailure(ctx context.Context, _ *controlplanev1.KubeadmControlPlane, failure controlplane.Failure) error {
+func (f *failing) RecordFailure(ctx context.Context, _ *controlplanev1.KubeadmControlPlane, failure record.Failure) error {
 	lease, _ := f.lease.Lease(ctx)
-	f.lockedWhileRecording = lease != nil && controlplane.Holder(lease) != ""
+	f.lockedWhileRecording = lease != nil && runlock.Holder(lease) != ""
 	f.recorded = append(f.recorded, failure)
 	return nil
 }
@@ -87,8 +87,7 @@ func (w *warnings) Warn(action, reason, note string, regarding ...client.Object)
 
 func failedOn(w *Snapshot) (*Engine, *failing, *warnings) {
 	s := newScripted(w)
-	f := &failing{handbackLocked: &handbackLocked{scripted: s,
-		lease: controlplane.New(fake.NewClientBuilder().WithScheme(controlplane.Scheme()).Build(), "default", "demo")}}
+	f := &failing{handbackLocked: &handbackLocked{scripted: s, lease: newFakeLease()}}
 	e, _ := engineFor(s, fast)
 	e.ControlPlane = f
 	warned := &warnings{}
@@ -120,8 +119,8 @@ func TestAfterFailureExplainsThePause(t *testing.T) {
 	if !f.lockedWhileRecording {
 		t.Error("the failure was recorded without the lock")
 	}
-	if lease, _ := f.lease.Lease(context.Background()); lease != nil && controlplane.Holder(lease) != "" {
-		t.Errorf("the lock was kept after the failure was recorded: %s", controlplane.Holder(lease))
+	if lease, _ := f.lease.Lease(context.Background()); lease != nil && runlock.Holder(lease) != "" {
+		t.Errorf("the lock was kept after the failure was recorded: %s", runlock.Holder(lease))
 	}
 	if len(*warned) != 1 {
 		t.Fatalf("%d Warning Events written, want 1: %+v", len(*warned), *warned)
@@ -212,12 +211,12 @@ func TestFailureNoteFitsAnEvent(t *testing.T) {
 // as one without.
 func TestStatusShowsTheLastFailure(t *testing.T) {
 	w := world(machineSpec{}, machineSpec{}, machineSpec{})
-	rec := controlplane.Record{Operation: "upgrade", Target: "v1.36.3", Who: "ops", Started: time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC),
-		LastFailure: &controlplane.Failure{Reason: "machine m1: etcd member n1 is unhealthy", Time: time.Date(2026, 1, 1, 10, 5, 0, 0, time.UTC), ExitCode: 3}}
+	rec := record.Record{Operation: "upgrade", Target: "v1.36.3", Who: "ops", Started: time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC),
+		LastFailure: &record.Failure{Reason: "machine m1: etcd member n1 is unhealthy", Time: time.Date(2026, 1, 1, 10, 5, 0, 0, time.UTC), ExitCode: 3}}
 	raw, _ := json.Marshal(rec)
-	w.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true", controlplane.RecordAnnotation: string(raw)}
+	w.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true", record.Annotation: string(raw)}
 	f := newScripted(w)
-	st, err := (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background())
+	st, err := (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,8 +230,8 @@ func TestStatusShowsTheLastFailure(t *testing.T) {
 		t.Errorf("JSON without the failure: %s", out)
 	}
 
-	w.CP.KCP.Annotations[controlplane.RecordAnnotation] = `{"operation":"upgrade","target":"v1.36.3","who":"ops","started":"2026-01-01T10:00:00Z"}`
-	if st, err = (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background()); err != nil {
+	w.CP.KCP.Annotations[record.Annotation] = `{"operation":"upgrade","target":"v1.36.3","who":"ops","started":"2026-01-01T10:00:00Z"}`
+	if st, err = (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if st.ControlPlane.State != "paused by cp-rollout since 2026-01-01T10:00:00Z" || st.Operation.LastFailure != nil {

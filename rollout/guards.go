@@ -20,8 +20,8 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
@@ -500,7 +500,7 @@ func CheckTakeover(s *Snapshot) error {
 	return nil
 }
 
-// takeoverCheck is CheckTakeover for what controlplane.Pause reads on each
+// takeoverCheck is CheckTakeover for what HandOver.Pause reads on each
 // attempt.
 func takeoverCheck(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane) error {
 	return CheckTakeover(NewSnapshot(&kcpstate.ControlPlane{Cluster: cluster, KCP: kcp}))
@@ -512,10 +512,10 @@ func takeoverCheck(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmContro
 func PausedBySomeoneElse(s *Snapshot) error {
 	kcp := s.CP.KCP
 	_, paused := kcp.Annotations[clusterv1.PausedAnnotation]
-	_, ours := kcp.Annotations[controlplane.RecordAnnotation]
+	_, ours := kcp.Annotations[record.Annotation]
 	if paused && !ours {
 		return exitcode.Unsafef("KubeadmControlPlane %s is paused by someone else (annotation %s without a %s record): this tool never takes over or removes a pause it did not set; find who paused it and why",
-			kcp.Name, clusterv1.PausedAnnotation, controlplane.RecordAnnotation)
+			kcp.Name, clusterv1.PausedAnnotation, record.Annotation)
 	}
 	return nil
 }
@@ -558,7 +558,7 @@ func TargetUnchanged(s *Snapshot, t Target) error {
 		return exitcode.Unsafef("KubeadmControlPlane %s's machines are made from %s %s, not %s: someone changed it during the run",
 			s.CP.KCP.Name, ref.Kind, ref.Name, t.Template)
 	}
-	if cluster := s.CP.Cluster; controlplane.ManagedByTopology(cluster) && cluster.Spec.Topology.Version != t.Version {
+	if cluster := s.CP.Cluster; cluster.Spec.Topology.IsDefined() && cluster.Spec.Topology.Version != t.Version {
 		return exitcode.Unsafef("Cluster %s's topology asks for %s, not %s: someone changed it during the run",
 			cluster.Name, cluster.Spec.Topology.Version, t.Version)
 	}
@@ -574,11 +574,11 @@ func CheckState(s *Snapshot, r Request) error {
 	if err := CheckTakeover(s); err != nil {
 		return err
 	}
-	rec, err := controlplane.RecordOf(s.CP.KCP)
+	rec, err := record.Of(s.CP.KCP)
 	if err != nil {
 		return err
 	}
-	if rec != nil && rec.Operation != controlplane.PauseOperation && (rec.Operation != r.Operation || rec.Target != r.TargetString()) {
+	if rec != nil && rec.Operation != record.PauseOperation && (rec.Operation != r.Operation || rec.Target != r.TargetString()) {
 		return exitcode.Unsafef("KubeadmControlPlane %s holds an unfinished operation: %s; re-run that command to finish it, or `kubectl cp-rollout handback %s` to give control back to KCP",
 			s.CP.KCP.Name, rec, s.CP.Cluster.Name)
 	}

@@ -14,8 +14,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/collections"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 )
 
 // The refusals a request meets before anything changes: each names its
@@ -38,7 +38,7 @@ func TestCheckStateRefuses(t *testing.T) {
 		}, "remediation in progress"},
 		{"an unfinished operation for another target", func(s *Snapshot) {
 			s.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true",
-				controlplane.RecordAnnotation: `{"operation":"scale","target":"replicas=5","who":"someone"}`}
+				record.Annotation: `{"operation":"scale","target":"replicas=5","who":"someone"}`}
 		}, "holds an unfinished operation"},
 	}
 	for _, tc := range cases {
@@ -53,17 +53,17 @@ func TestCheckStateRefuses(t *testing.T) {
 	}
 	t.Run("a pause record of another operation refuses the pause verb, naming it", func(t *testing.T) {
 		s := pausedByUs(world(machineSpec{}, machineSpec{}, machineSpec{}))
-		s.CP.KCP.Annotations[controlplane.RecordAnnotation] = `{"operation":"upgrade","target":"v1.36.3","who":"us"}`
-		err := CheckState(s, Request{Operation: controlplane.PauseOperation})
+		s.CP.KCP.Annotations[record.Annotation] = `{"operation":"upgrade","target":"v1.36.3","who":"us"}`
+		err := CheckState(s, Request{Operation: record.PauseOperation})
 		if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "upgrade to v1.36.3") || !strings.Contains(err.Error(), "handback") {
 			t.Fatalf("got exit %d %v; want exit 3 naming the upgrade and the way on", exitcode.Of(err), err)
 		}
 	})
 	t.Run("a KCP held by pause is every verb's to take over", func(t *testing.T) {
 		for _, r := range []Request{upgrade, {Operation: "scale", Replicas: ptr.To(int32(5))}, {Operation: "replace", Replace: "m1"},
-			{Operation: "rollout"}, {Operation: "rollout", CertificatesExpiryDays: 30}, {Operation: "restart"}, {Operation: controlplane.PauseOperation}} {
+			{Operation: "rollout"}, {Operation: "rollout", CertificatesExpiryDays: 30}, {Operation: "restart"}, {Operation: record.PauseOperation}} {
 			s := pausedByUs(world(machineSpec{outdated: true}, machineSpec{outdated: true}, machineSpec{}))
-			s.CP.KCP.Annotations[controlplane.RecordAnnotation] = `{"operation":"pause","target":"","who":"alice","reason":"audit flags"}`
+			s.CP.KCP.Annotations[record.Annotation] = `{"operation":"pause","target":"","who":"alice","reason":"audit flags"}`
 			if err := CheckState(s, r); err != nil {
 				t.Errorf("%s: %v", r.Operation, err)
 			}
@@ -83,14 +83,14 @@ func TestCheckStateRefuses(t *testing.T) {
 			t.Fatalf("nothing outdated: %v", err)
 		}
 		s.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true",
-			controlplane.RecordAnnotation: `{"operation":"rollout","target":"spec","who":"us"}`}
+			record.Annotation: `{"operation":"rollout","target":"spec","who":"us"}`}
 		if err := CheckState(s, Request{Operation: "rollout"}); err != nil {
 			t.Fatalf("our own rollout resumes: %v", err)
 		}
 	})
 	t.Run("our own unfinished operation resumes", func(t *testing.T) {
 		s := pausedByUs(world(machineSpec{}, machineSpec{}, machineSpec{}))
-		s.CP.KCP.Annotations[controlplane.RecordAnnotation] = `{"operation":"upgrade","target":"v1.36.3","who":"us"}`
+		s.CP.KCP.Annotations[record.Annotation] = `{"operation":"upgrade","target":"v1.36.3","who":"us"}`
 		if err := CheckState(s, upgrade); err != nil {
 			t.Fatal(err)
 		}
@@ -289,12 +289,12 @@ func TestRestartCutoff(t *testing.T) {
 	now := time.Date(2026, 1, 1, 12, 0, 30, 700_000_000, time.UTC)
 	started := time.Date(2026, 1, 1, 11, 0, 5, 400_000_000, time.UTC)
 	for _, tc := range []struct {
-		rec  *controlplane.Record
+		rec  *record.Record
 		want time.Time
 	}{
 		{nil, now.Truncate(time.Second)},
-		{&controlplane.Record{Operation: "restart", Started: started}, started.Truncate(time.Second)},
-		{&controlplane.Record{Operation: controlplane.PauseOperation, Started: started}, now.Truncate(time.Second)},
+		{&record.Record{Operation: "restart", Started: started}, started.Truncate(time.Second)},
+		{&record.Record{Operation: record.PauseOperation, Started: started}, now.Truncate(time.Second)},
 	} {
 		if got := restartCutoff(tc.rec, now); !got.Equal(tc.want) {
 			t.Errorf("%v: cut-off %s, want %s", tc.rec, got, tc.want)

@@ -9,7 +9,7 @@ import (
 
 	"sigs.k8s.io/cluster-api/util/collections"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
@@ -23,7 +23,7 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec, err := controlplane.RecordOf(cp.KCP)
+	rec, err := record.Of(cp.KCP)
 	if err != nil {
 		return nil, err
 	}
@@ -50,7 +50,7 @@ func (e *Engine) Handback(ctx context.Context, force bool) ([]string, error) {
 		if cp, err = e.ControlPlane.Read(ctx); err != nil {
 			return err
 		}
-		if rec, err = controlplane.RecordOf(cp.KCP); err != nil {
+		if rec, err = record.Of(cp.KCP); err != nil {
 			return err
 		}
 		if rec != nil {

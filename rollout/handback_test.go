@@ -5,17 +5,20 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 )
 
 // handbackRace is a control plane whose lock, free when handback looks, is
@@ -29,7 +32,7 @@ func (h *handbackRace) BreakLock(context.Context, bool, func(*coordinationv1.Lea
 	return "", nil
 }
 
-func (h *handbackRace) Acquire(context.Context, string, func(*coordinationv1.Lease)) (*controlplane.Lock, error) {
+func (h *handbackRace) Acquire(context.Context, string, func(*coordinationv1.Lease)) (*runlock.Lock, error) {
 	return nil, exitcode.Lockedf("cluster default/demo is locked by bob@host/pid-2-abcde, which still renews it")
 }
 
@@ -59,15 +62,45 @@ func TestHandbackUnpausesOnlyUnderTheLock(t *testing.T) {
 // over a fake management cluster.
 type handbackLocked struct {
 	*scripted
-	lease   *controlplane.Client
+	lease   *fakeLease
 	resumed bool
+}
+
+// fakeLease is the cluster's Lease on a fake management cluster, free until
+// a run takes it: Acquire hands out a real runlock.Lock over it.
+type fakeLease struct{ c client.Client }
+
+func newFakeLease() *fakeLease { return &fakeLease{c: fake.NewClientBuilder().Build()} }
+
+var leaseKey = client.ObjectKey{Namespace: "default", Name: runlock.LeaseName("demo")}
+
+func (l *fakeLease) Acquire(ctx context.Context, holder string, _ func(*coordinationv1.Lease)) (*runlock.Lock, error) {
+	sent := metav1.NowMicro()
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: leaseKey.Namespace, Name: leaseKey.Name},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, AcquireTime: &sent, RenewTime: &sent,
+			LeaseDurationSeconds: ptr.To(int32(runlock.LeaseDuration / time.Second))},
+	}
+	if err := l.c.Create(ctx, lease); err != nil {
+		return nil, err
+	}
+	return runlock.New(l.c, lease, holder, sent.Time), nil
+}
+
+// Lease returns the Lease, nil when there is none.
+func (l *fakeLease) Lease(ctx context.Context) (*coordinationv1.Lease, error) {
+	lease := &coordinationv1.Lease{}
+	if err := l.c.Get(ctx, leaseKey, lease); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	return lease, nil
 }
 
 func (h *handbackLocked) BreakLock(context.Context, bool, func(*coordinationv1.Lease)) (string, error) {
 	return "", nil
 }
 
-func (h *handbackLocked) Acquire(ctx context.Context, holder string, waiting func(*coordinationv1.Lease)) (*controlplane.Lock, error) {
+func (h *handbackLocked) Acquire(ctx context.Context, holder string, waiting func(*coordinationv1.Lease)) (*runlock.Lock, error) {
 	return h.lease.Acquire(ctx, holder, waiting)
 }
 
@@ -86,7 +119,7 @@ func TestHandbackGivesBackLeftCordons(t *testing.T) {
 	w := pausedByUs(world(machineSpec{outdated: true, deleting: true}, machineSpec{}, machineSpec{}))
 	f := newScripted(w)
 	f.cordoned = []string{"n0", "n1"}
-	h := &handbackLocked{scripted: f, lease: controlplane.New(fake.NewClientBuilder().WithScheme(controlplane.Scheme()).Build(), "default", "demo")}
+	h := &handbackLocked{scripted: f, lease: newFakeLease()}
 	e, _ := engineFor(f, fast)
 	e.ControlPlane = h
 	done, err := e.Handback(context.Background(), false)
@@ -103,7 +136,7 @@ func TestHandbackGivesBackLeftCordons(t *testing.T) {
 		t.Errorf("handback says %q, want the uncordon named", done)
 	}
 	if lease, _ := h.lease.Lease(context.Background()); lease != nil {
-		t.Errorf("the lock handback took was not released: %s", controlplane.Holder(lease))
+		t.Errorf("the lock handback took was not released: %s", runlock.Holder(lease))
 	}
 }
 

@@ -6,14 +6,14 @@ import (
 
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 )
 
 // Held is what Hold did: the pause record on the KubeadmControlPlane, and
 // whether an earlier `pause` had set it already.
 type Held struct {
 	KCP     string
-	Record  controlplane.Record
+	Record  record.Record
 	Already bool
 }
 
@@ -33,10 +33,10 @@ func (e *Engine) Hold(ctx context.Context, reason string) (*Held, error) {
 			return nil, nil, err
 		}
 		cp := &kcpstate.ControlPlane{Cluster: cluster, KCP: kcp}
-		if err := CheckState(NewSnapshot(cp), Request{Operation: controlplane.PauseOperation}); err != nil {
+		if err := CheckState(NewSnapshot(cp), Request{Operation: record.PauseOperation}); err != nil {
 			return nil, nil, err
 		}
-		rec, err := controlplane.RecordOf(kcp)
+		rec, err := record.Of(kcp)
 		if err != nil || rec == nil {
 			return nil, cp, err
 		}
@@ -61,7 +61,7 @@ func (e *Engine) Hold(ctx context.Context, reason string) (*Held, error) {
 		if held, cp, err = check(ctx); err != nil || held != nil {
 			return err
 		}
-		rec := controlplane.Record{Operation: controlplane.PauseOperation, Who: controlplane.Who(), Started: time.Now().UTC(), Reason: reason}
+		rec := record.Record{Operation: record.PauseOperation, Who: record.Who(), Started: time.Now().UTC(), Reason: reason}
 		if _, err := e.pause(ctx, cp.Cluster, cp.KCP, rec, nil); err != nil {
 			return err
 		}

@@ -6,7 +6,7 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/inplace"
 )
 
 // OutOfSync returns the machines, deleting ones included, whose in-place-
@@ -15,7 +15,7 @@ import (
 // differ from what the KubeadmControlPlane asks for, oldest first, with a
 // sentence naming each and its fields. KCP's syncMachines would push them on
 // its next reconcile; while the run holds it paused, the run does
-// (controlplane.InPlaceDrift says what differs, SyncMachine writes it).
+// (inplace.Drift says what differs, SyncMachine writes it).
 //
 // A projection (Plan) counts every machine as in sync: its machines are
 // stand-ins, not what KCP's desired state makes, and a sync is done once.
@@ -28,7 +28,7 @@ func OutOfSync(s *Snapshot) ([]*clusterv1.Machine, string) {
 		parts    []string
 	)
 	for _, m := range s.CP.Machines.SortedByCreationTimestamp() {
-		drift := controlplane.InPlaceDrift(s.CP, m)
+		drift := inplace.Drift(s.CP, m)
 		if len(drift) == 0 {
 			continue
 		}

@@ -21,41 +21,44 @@ import (
 // allow, and does it or waits for it. A turn may start on the watches' caches,
 // but only a wait is taken on them: any other step is decided again on a live
 // read first.
-func (e *Engine) Converge(ctx context.Context, t Target) error {
+func (e *Engine) Converge(ctx context.Context, t Target) (*Snapshot, error) {
+	// ended is the live snapshot the last step, a wait, ended on; prev the
+	// one the last turn decided on, whose etcd read a cached one may take.
+	var ended, prev *Snapshot
 	for {
-		s, err := e.takeOrRead(ctx)
+		s, err := e.takeOrRead(ctx, ended, prev)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		next := Next(ctx, s, t)
 		if s.cached && !waits(next) {
 			if s, err = e.catchUp(ctx, s); err != nil {
-				return err
+				return nil, err
 			}
 			next = Next(ctx, s, t)
 		}
 		if s.cached && !waits(next) {
 			if s, err = e.read(ctx); err != nil {
-				return err
+				return nil, err
 			}
 			next = Next(ctx, s, t)
 		}
+		prev, ended = s, nil
 		switch next.Action {
 		case Done:
-			e.converged = s
-			return nil
+			return s, nil
 		case Refuse:
-			err = e.refuse(ctx, t, next)
+			ended, err = e.refuse(ctx, t, s, next)
 		case Create:
 			err = e.createReplacement(ctx, s, next)
 		case AwaitJoin:
-			err = e.awaitJoin(ctx, t, next)
+			ended, err = e.awaitJoin(ctx, t, s, next)
 		case Delete:
 			err = e.deleteVictim(ctx, t, s, next)
 		case ServeCleanupHook:
 			err = e.serveCleanupHook(ctx, s, next.Machine)
 		case AwaitDeletion:
-			err = e.awaitGone(ctx, t, next)
+			ended, err = e.awaitGone(ctx, t, s, next)
 		case RemoveStaleMember:
 			err = e.removeStaleMember(ctx, s, next)
 		case SyncMachines:
@@ -67,7 +70,7 @@ func (e *Engine) Converge(ctx context.Context, t Target) error {
 			e.synced = ""
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
 }
@@ -78,16 +81,16 @@ func waits(next Step) bool {
 	return next.Action == AwaitJoin || next.Action == AwaitDeletion || next.Action == Refuse && next.Transient
 }
 
-// takeOrRead is the live snapshot a wait has just ended on, or else one from
-// the caches: the turn after a step mostly starts a wait, and a wait needs no
-// live read. A wait ends when a live read shows something else to do; reading
-// again before doing it would only add a round trip to every reaction.
-func (e *Engine) takeOrRead(ctx context.Context) (*Snapshot, error) {
-	if s := e.handed; s != nil {
-		e.handed = nil
-		return s, nil
+// takeOrRead is ended, the live snapshot a wait has just ended on, or else
+// one from the caches read after prev: the turn after a step mostly starts a
+// wait, and a wait needs no live read. A wait ends when a live read shows
+// something else to do; reading again before doing it would only add a round
+// trip to every reaction.
+func (e *Engine) takeOrRead(ctx context.Context, ended, prev *Snapshot) (*Snapshot, error) {
+	if ended != nil {
+		return ended, nil
 	}
-	return e.readWith(ctx, true)
+	return e.readWith(ctx, true, prev)
 }
 
 // catchUpLimit bounds how long the turn after a step waits for the caches to
@@ -104,12 +107,12 @@ func (e *Engine) catchUp(ctx context.Context, s *Snapshot) (*Snapshot, error) {
 	if !e.waitForChange(ctx, catchUpLimit) {
 		return s, nil
 	}
-	return e.readWith(ctx, true)
+	return e.readWith(ctx, true, s)
 }
 
 // read takes a live snapshot (see readWith).
 func (e *Engine) read(ctx context.Context) (*Snapshot, error) {
-	return e.readWith(ctx, false)
+	return e.readWith(ctx, false, nil)
 }
 
 // readWith takes a snapshot, from the caches or live, and checks that the
@@ -120,17 +123,21 @@ func (e *Engine) read(ctx context.Context) (*Snapshot, error) {
 // that cannot be read (an API server restarting, etcd unreachable) are read
 // again on every change or second, up to the health timeout; an untrusted
 // etcd is refused at once.
-func (e *Engine) readWith(ctx context.Context, cached bool) (*Snapshot, error) {
+//
+// A cached read may take the etcd members of prev, the snapshot before it.
+func (e *Engine) readWith(ctx context.Context, cached bool, prev *Snapshot) (*Snapshot, error) {
 	var w wait
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		read := e.Read
+		var s *Snapshot
+		var err error
 		if cached {
-			read = e.readCached
+			s, err = e.readCached(ctx, prev)
+		} else {
+			s, err = e.Read(ctx)
 		}
-		s, err := read(ctx)
 		if err == nil {
 			err = e.stillOurs(s)
 			if err == nil {
@@ -151,7 +158,7 @@ func (e *Engine) readWith(ctx context.Context, cached bool) (*Snapshot, error) {
 			return nil, err
 		}
 		if w.observe(waitRead, err.Error()) {
-			e.report("read", "", progress.Waiting, err.Error(), w.since)
+			e.report(Read, "", progress.Waiting, err.Error(), w.since)
 		}
 		if err := w.expired(e.Timeouts, Step{}, err); err != nil {
 			return nil, err
@@ -176,19 +183,19 @@ func (e *Engine) stillOurs(s *Snapshot) error {
 // refuse stops the run on a state no step may be taken in. A machine that was
 // healthy and went bad may recover by itself (a failed probe, a restarting
 // static pod): that is waited on for the Recovery timeout first.
-func (e *Engine) refuse(ctx context.Context, t Target, next Step) (err error) {
+func (e *Engine) refuse(ctx context.Context, t Target, s *Snapshot, next Step) (ended *Snapshot, err error) {
 	if !next.Transient {
-		st := e.begin("refuse", machineName(next.Machine), next.Reason)
+		st := e.begin(Refuse, machineName(next.Machine), next.Reason)
 		defer st.end(&err)
-		return next.Err
+		return nil, next.Err
 	}
-	st := e.begin("unhealthy", next.Machine.Name, fmt.Sprintf("%s; waiting up to %s for it to recover", next.Reason, e.Timeouts.recovery()))
+	st := e.begin(Unhealthy, next.Machine.Name, fmt.Sprintf("%s; waiting up to %s for it to recover", next.Reason, e.Timeouts.recovery()))
 	defer st.end(&err)
-	if err := e.await(ctx, t, st, next, func(Step) waitKind { return waitRecovery }); err != nil {
-		return err
+	if ended, err = e.await(ctx, t, st, s, next, func(Step) waitKind { return waitRecovery }); err != nil {
+		return nil, err
 	}
 	st.done("machine " + next.Machine.Name + " recovered")
-	return nil
+	return ended, nil
 }
 
 // createReplacement creates one machine as KCP would, in the failure domain
@@ -208,31 +215,30 @@ func (e *Engine) createReplacement(ctx context.Context, s *Snapshot, next Step) 
 
 // awaitJoin waits until a new machine has its node and is healthy — node,
 // static pods, a named and promoted etcd member — then settles if asked to.
-func (e *Engine) awaitJoin(ctx context.Context, t Target, next Step) error {
-	if err := e.awaitHealthy(ctx, t, next); err != nil {
-		return err
+// It returns the live snapshot the wait ended on, or nil after settling (it
+// is stale by then).
+func (e *Engine) awaitJoin(ctx context.Context, t Target, s *Snapshot, next Step) (*Snapshot, error) {
+	ended, err := e.awaitHealthy(ctx, t, s, next)
+	if err != nil || e.Timeouts.Settle <= 0 {
+		return ended, err
 	}
-	if e.Timeouts.Settle <= 0 {
-		return nil
-	}
-	return e.settle(ctx)
+	return nil, e.settle(ctx)
 }
 
-func (e *Engine) awaitHealthy(ctx context.Context, t Target, next Step) (err error) {
+func (e *Engine) awaitHealthy(ctx context.Context, t Target, s *Snapshot, next Step) (ended *Snapshot, err error) {
 	m := next.Machine
 	st := e.begin(AwaitJoin, m.Name, "waiting for machine "+m.Name+" to join and be healthy")
 	defer st.end(&err)
-	if err := e.await(ctx, t, st, next, joinWait); err != nil {
-		return err
+	if ended, err = e.await(ctx, t, st, s, next, joinWait); err != nil {
+		return nil, err
 	}
 	st.done("healthy")
-	return nil
+	return ended, nil
 }
 
 // settle pauses after a machine joined, before the next step.
 func (e *Engine) settle(ctx context.Context) (err error) {
-	e.handed = nil // it will be stale by the end of the pause
-	st := e.begin("settle", "", "waiting "+e.Timeouts.Settle.String())
+	st := e.begin(Settle, "", "waiting "+e.Timeouts.Settle.String())
 	defer st.end(&err)
 	return sleep(ctx, e.Timeouts.Settle)
 }
@@ -331,7 +337,7 @@ func (e *Engine) removeMember(ctx context.Context, s *Snapshot, m *clusterv1.Mac
 			return false, err
 		}
 	}
-	st := e.begin("remove-member", m.Name, "removing etcd member "+member.String())
+	st := e.begin(RemoveMember, m.Name, "removing etcd member "+member.String())
 	defer st.end(&err)
 	return e.dropMember(ctx, s, st, member, " of machine "+m.Name)
 }
@@ -411,7 +417,7 @@ func (e *Engine) syncMachines(ctx context.Context, s *Snapshot, next Step) (err 
 // release removes the kcp-cleanup hook: the Machine controller finishes the
 // deletion.
 func (e *Engine) release(ctx context.Context, m *clusterv1.Machine) (err error) {
-	st := e.begin("release", m.Name, "removing the pre-terminate hook")
+	st := e.begin(Release, m.Name, "removing the pre-terminate hook")
 	defer st.end(&err)
 	if err := e.ControlPlane.RemoveCleanupHook(ctx, m); err != nil {
 		return err
@@ -422,15 +428,15 @@ func (e *Engine) release(ctx context.Context, m *clusterv1.Machine) (err error) 
 
 // awaitGone waits while a machine deletes: until its pre-terminate stage,
 // when the loop serves the hook, or until it is gone.
-func (e *Engine) awaitGone(ctx context.Context, t Target, next Step) (err error) {
+func (e *Engine) awaitGone(ctx context.Context, t Target, s *Snapshot, next Step) (ended *Snapshot, err error) {
 	m := next.Machine
 	st := e.begin(AwaitDeletion, m.Name, "waiting for machine "+m.Name+" to be deleted")
 	defer st.end(&err)
-	if err := e.await(ctx, t, st, next, func(Step) waitKind { return waitDeletion }); err != nil {
-		return err
+	if ended, err = e.await(ctx, t, st, s, next, func(Step) waitKind { return waitDeletion }); err != nil {
+		return nil, err
 	}
 	st.done("machine " + m.Name + " reached its next deletion stage")
-	return nil
+	return ended, nil
 }
 
 // forwardLeadership moves etcd leadership off from — m's member, or with m
@@ -463,7 +469,7 @@ func ofMachine(m *clusterv1.Machine) string {
 // moveLeader is one attempt of forwardLeadership; its error says that the
 // next candidate is tried, and wraps the cause.
 func (e *Engine) moveLeader(ctx context.Context, s *Snapshot, m *clusterv1.Machine, from, to etcd.Member) (err error) {
-	st := e.begin("move-leader", machineName(m), fmt.Sprintf("moving etcd leadership from %s to %s", from, to))
+	st := e.begin(MoveLeader, machineName(m), fmt.Sprintf("moving etcd leadership from %s to %s", from, to))
 	defer st.end(&err)
 	// ForwardLeadership moves it only if from still leads, as KCP does.
 	if err := e.Etcd.ForwardLeadership(ctx, EtcdNodes(s), from.ID, to.ID); err != nil {

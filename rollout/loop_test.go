@@ -25,9 +25,10 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
@@ -161,7 +162,7 @@ func (f *scripted) ReadKCP(ctx context.Context) (*clusterv1.Cluster, *controlpla
 func (f *scripted) Lease(context.Context) (*coordinationv1.Lease, error) { return f.lease, nil }
 
 func (f *scripted) LockedBy(lease *coordinationv1.Lease) error {
-	return exitcode.Lockedf("cluster default/demo is locked by %s", controlplane.Holder(lease))
+	return exitcode.Lockedf("cluster default/demo is locked by %s", runlock.Holder(lease))
 }
 
 func (f *scripted) Nodes(_ context.Context, names, _ []string) (map[string]workload.Node, error) {
@@ -513,7 +514,7 @@ func engineFor(f *scripted, timeouts Timeouts) (*Engine, *events) {
 
 // pausedByUs marks the world's KCP as this tool's, as Run leaves it.
 func pausedByUs(s *Snapshot) *Snapshot {
-	s.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true", controlplane.RecordAnnotation: `{"operation":"upgrade"}`}
+	s.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true", record.Annotation: `{"operation":"upgrade"}`}
 	return s
 }
 
@@ -521,7 +522,8 @@ func converge(t *testing.T, e *Engine, target Target) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	return e.Converge(ctx, target)
+	_, err := e.Converge(ctx, target)
+	return err
 }
 
 var surge1 = Target{Operation: "upgrade", Replicas: 3, MaxSurge: 1}
@@ -977,7 +979,7 @@ func TestConvergeStopsWhenNoLongerOurs(t *testing.T) {
 	})
 	t.Run("paused by someone else", func(t *testing.T) {
 		f := newScripted(pausedByUs(world(old, old, old)))
-		delete(f.world.CP.KCP.Annotations, controlplane.RecordAnnotation)
+		delete(f.world.CP.KCP.Annotations, record.Annotation)
 		e, _ := engineFor(f, fast)
 		e.Lock = &heldLock{}
 		if err := converge(t, e, surge1); exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "paused by someone else") {
@@ -1187,18 +1189,18 @@ func TestConvergeStopsWhenTheClusterIsPaused(t *testing.T) {
 func TestPrepareWhileAnotherRunHoldsTheLock(t *testing.T) {
 	// Another run's operation is recorded on the KCP: a scale while an upgrade runs.
 	w := pausedByUs(world(machineSpec{}))
-	w.CP.KCP.Annotations[controlplane.RecordAnnotation] = `{"operation":"upgrade","target":"v1.36.3","who":"alice@host/pid-1"}`
+	w.CP.KCP.Annotations[record.Annotation] = `{"operation":"upgrade","target":"v1.36.3","who":"alice@host/pid-1"}`
 	scale := Request{Operation: "scale", Replicas: ptr.To(int32(3)), MaxSurge: 1}
 
 	f := newScripted(w)
 	e, _ := engineFor(f, fast)
-	if _, err := e.Prepare(context.Background(), scale); exitcode.Of(err) != exitcode.Unsafe {
+	if _, err := e.Prepare(context.Background(), scale, nil); exitcode.Of(err) != exitcode.Unsafe {
 		t.Fatalf("no run in flight: got %v, want exit 3 for the unfinished operation", err)
 	}
 	now := metav1.NewMicroTime(time.Now())
 	f.lease = &coordinationv1.Lease{Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("alice@host/pid-1"), RenewTime: &now,
 		LeaseDurationSeconds: ptr.To(int32(15))}}
-	_, err := e.Prepare(context.Background(), scale)
+	_, err := e.Prepare(context.Background(), scale, nil)
 	if exitcode.Of(err) != exitcode.Locked || !strings.Contains(err.Error(), "alice@host/pid-1") {
 		t.Fatalf("run in flight: got exit %d %v, want exit 5 naming its holder", exitcode.Of(err), err)
 	}
@@ -1228,7 +1230,7 @@ type handover struct {
 	awaitPausedErr error
 }
 
-func (h *handover) Pause(_ context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record, _ time.Duration, mayTakeOver controlplane.TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
+func (h *handover) Pause(_ context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec record.Record, _ time.Duration, mayTakeOver func(*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane) error) (*controlplanev1.KubeadmControlPlane, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := mayTakeOver(cluster, kcp); err != nil {
@@ -1294,18 +1296,17 @@ func TestRejectedTargetIsHandedBackAtOnce(t *testing.T) {
 	}
 }
 
-// TestReadFirstTakesTheConnectedControlPlaneOnce: a verb's first look takes
-// the control plane connect has just read, with the workload and etcd read
-// now; every read after it is live.
-func TestReadFirstTakesTheConnectedControlPlaneOnce(t *testing.T) {
+// TestReadFirstTakesTheConnectedControlPlane: a verb's first look takes the
+// control plane connect has just read, with the workload and etcd read now;
+// without one, it reads live.
+func TestReadFirstTakesTheConnectedControlPlane(t *testing.T) {
 	ctx := context.Background()
 	f := newScripted(world(machineSpec{}, machineSpec{}, machineSpec{}))
 	e, _ := engineFor(f, fast)
 	connected := f.world.clone().CP
-	e.Connected = connected
 	reads := func() int { return strings.Count(strings.Join(f.trace, ","), "read") }
 
-	first, err := e.ReadFirst(ctx)
+	first, err := e.ReadFirst(ctx, connected)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1313,11 +1314,52 @@ func TestReadFirstTakesTheConnectedControlPlaneOnce(t *testing.T) {
 		t.Fatalf("first look: connected control plane %v, management reads %d, members %d; want it, none, 3",
 			first.CP == connected, reads(), len(first.Members))
 	}
-	again, err := e.ReadFirst(ctx)
+	again, err := e.ReadFirst(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if again.CP == connected || reads() != 1 {
-		t.Fatalf("second look: connected control plane %v, management reads %d; want a live read", again.CP == connected, reads())
+		t.Fatalf("without one: connected control plane %v, management reads %d; want a live read", again.CP == connected, reads())
+	}
+}
+
+// countingEtcd counts the membership reads of the etcd it wraps.
+type countingEtcd struct {
+	Etcd
+	reads int
+}
+
+func (c *countingEtcd) Members(ctx context.Context, nodes []etcd.Node) ([]etcd.Member, error) {
+	c.reads++
+	return c.Etcd.Members(ctx, nodes)
+}
+
+// TestCachedReadTakesTheMembersOfTheSnapshotBefore: a read from the caches
+// takes the etcd members of the snapshot passed before it while they are
+// younger than etcdPoll, and reads etcd once they are older; a live read
+// always reads etcd.
+func TestCachedReadTakesTheMembersOfTheSnapshotBefore(t *testing.T) {
+	ctx := context.Background()
+	f := newScripted(world(machineSpec{}, machineSpec{}, machineSpec{}))
+	e, _ := engineFor(f, fast)
+	counted := &countingEtcd{Etcd: f}
+	e.Etcd = counted
+	e.Cache = &Cache{ControlPlane: laggingCache{f}, Workload: laggingCache{f}}
+
+	live, err := e.Read(ctx)
+	if err != nil || counted.reads != 1 || live.MembersRead.IsZero() {
+		t.Fatalf("live read: err %v, etcd reads %d, members read at %v; want one read, timed", err, counted.reads, live.MembersRead)
+	}
+	fresh, err := e.readCached(ctx, live)
+	if err != nil || counted.reads != 1 || !fresh.MembersRead.Equal(live.MembersRead) || len(fresh.Members) != 3 {
+		t.Fatalf("cached read after a fresh one: err %v, etcd reads %d; want its 3 members taken, no read", err, counted.reads)
+	}
+	stale := *live
+	stale.MembersRead = time.Now().Add(-etcdPoll)
+	if _, err := e.readCached(ctx, &stale); err != nil || counted.reads != 2 {
+		t.Fatalf("cached read after one %s old: err %v, etcd reads %d; want etcd read again", etcdPoll, err, counted.reads)
+	}
+	if _, err := e.readCached(ctx, nil); err != nil || counted.reads != 3 {
+		t.Fatalf("cached read with no snapshot before: err %v, etcd reads %d; want etcd read", err, counted.reads)
 	}
 }

@@ -46,6 +46,31 @@ const (
 	SyncMachines Action = "sync-machines"
 )
 
+// The steps a run reports besides Next's: each is an event's action name
+// (docs/output.md lists them as a contract), never a decision of Next's.
+const (
+	AwaitLock       Action = "await-lock"
+	Pause           Action = "pause"
+	Resume          Action = "resume"
+	RemoveOrphan    Action = "remove-orphan"
+	Uncordon        Action = "uncordon"
+	PrepareWorkload Action = "prepare-workload"
+	Settle          Action = "settle"
+	Drain           Action = "drain"
+	MoveLeader      Action = "move-leader"
+	RemoveMember    Action = "remove-member"
+	Release         Action = "release"
+	// Unhealthy waits for a machine that was healthy to recover (a Refuse
+	// that may pass).
+	Unhealthy    Action = "unhealthy"
+	HandBack     Action = "handback"
+	AwaitKCP     Action = "await-kcp"
+	AwaitWorkers Action = "await-workers"
+	// Read only waits: it is reported while the clusters cannot be read.
+	Read          Action = "read"
+	RecordFailure Action = "record-failure"
+)
+
 // Step is Next's answer: one action and why.
 type Step struct {
 	Action Action

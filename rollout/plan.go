@@ -13,7 +13,6 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
@@ -93,7 +92,7 @@ func (s *Snapshot) nextHop(version string) *Snapshot {
 	kcp := c.CP.KCP.DeepCopy()
 	kcp.Spec.Version = version
 	c.CP.KCP = kcp
-	if controlplane.ManagedByTopology(c.CP.Cluster) {
+	if c.CP.Cluster.Spec.Topology.IsDefined() {
 		cluster := c.CP.Cluster.DeepCopy()
 		cluster.Spec.Topology.Version = version
 		c.CP.Cluster = cluster

@@ -12,7 +12,6 @@ import (
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/webhooks/admission"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
 
@@ -133,7 +132,7 @@ func Desired(ctx context.Context, s *Snapshot, r Request) (*controlplanev1.Kubea
 		want.Spec.Version = r.Version
 	}
 	if r.Template != "" {
-		if controlplane.ManagedByTopology(s.CP.Cluster) {
+		if s.CP.Cluster.Spec.Topology.IsDefined() {
 			return nil, exitcode.Usagef("--infrastructure-template: cluster %s takes its control plane's machine template from its ClusterClass %s; change the class (or rebase the cluster onto another) instead",
 				s.CP.Cluster.Name, s.CP.Cluster.Spec.Topology.ClassRef.Name)
 		}

@@ -19,7 +19,7 @@ func (e *Engine) awaitPausedAgain(ctx context.Context, kcp *controlplanev1.Kubea
 	if !annotations.HasPaused(kcp) || conditions.IsTrue(kcp, clusterv1.PausedCondition) {
 		return kcp, nil
 	}
-	st := e.begin("pause", "", "waiting for KubeadmControlPlane "+kcp.Name+" to report the pause this run resumes under")
+	st := e.begin(Pause, "", "waiting for KubeadmControlPlane "+kcp.Name+" to report the pause this run resumes under")
 	defer st.end(&err)
 	if kcp, err = e.ControlPlane.AwaitPaused(ctx, kcp, e.Timeouts.pause()); err != nil {
 		return nil, err

@@ -18,9 +18,10 @@ import (
 	"sigs.k8s.io/cluster-api/util/collections"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 )
 
 // Prepared is a checked request, ready to run: the snapshot it was checked on
@@ -49,9 +50,10 @@ type Prepared struct {
 // Prepare reads the control plane and checks the request against it without
 // changing anything: bad input is exit 2, an unsafe state exit 3. A control
 // plane that already matches (and carries no record of ours) is prepared with
-// NothingToDo set.
-func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
-	s, err := e.ReadFirst(ctx)
+// NothingToDo set. connected, when not nil, is the control plane as read a
+// moment ago (see ReadFirst).
+func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.ControlPlane) (*Prepared, error) {
+	s, err := e.ReadFirst(ctx, connected)
 	if err != nil {
 		return nil, err
 	}
@@ -87,11 +89,11 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 			return nil, err
 		}
 	}
-	if e.Timeouts.Workers > 0 && !controlplane.ManagedByTopology(s.CP.Cluster) {
+	if e.Timeouts.Workers > 0 && !s.CP.Cluster.Spec.Topology.IsDefined() {
 		return nil, exitcode.Usagef("--wait-workers follows the topology controller's upgrade of the workers, and cluster %s has no ClusterClass topology: upgrade its MachineDeployments yourself",
 			s.CP.Cluster.Name)
 	}
-	rec, err := controlplane.RecordOf(s.CP.KCP)
+	rec, err := record.Of(s.CP.KCP)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +101,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	// record alone; one that finished (and was killed before it could say
 	// so) is found in the last operation's record.
 	if _, ok := s.CP.Machines[r.Replace]; r.Replace != "" && rec == nil && !ok {
-		if last := controlplane.LastOf(s.CP.KCP); last != nil && last.Finished != nil && last.Operation == r.Operation && last.Target == r.TargetString() {
+		if last := record.LastOf(s.CP.KCP); last != nil && last.Finished != nil && last.Operation == r.Operation && last.Target == r.TargetString() {
 			return &Prepared{Request: r, NothingToDo: fmt.Sprintf("nothing to do: machine %s was replaced by %s, finished %s",
 				r.Replace, last.Who, last.Finished.Format(time.RFC3339))}, nil
 		}
@@ -109,7 +111,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 	if err != nil {
 		return nil, err
 	}
-	if controlplane.ManagedByTopology(projected.Cluster) {
+	if projected.Cluster.Spec.Topology.IsDefined() {
 		// The target is set in the topology, and copied from there.
 		cluster := projected.Cluster.DeepCopy()
 		cluster.Spec.Topology.Version, cluster.Spec.Topology.ControlPlane.Replicas = want.Spec.Version, want.Spec.Replicas
@@ -122,7 +124,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request) (*Prepared, error) {
 		t.RolloutAfter = restartCutoff(rec, s.Now)
 	}
 	// A `pause` record is no run of ours to resume: it only holds KCP back.
-	resuming := rec != nil && rec.Operation != controlplane.PauseOperation
+	resuming := rec != nil && rec.Operation != record.PauseOperation
 	if broken := Broken(&future, t, resuming); broken.Len() > 0 {
 		if !r.ReplaceUnhealthy {
 			if lock := e.lockedByAnotherRun(ctx); lock != nil {
@@ -189,7 +191,7 @@ func replaceHint(s *Snapshot, m *clusterv1.Machine) string {
 // own. It stays out of the record, so a re-run finds the same operation.
 func (e *Engine) via(ctx context.Context, s *Snapshot, r Request) ([]string, error) {
 	lowest := s.CP.Machines.LowestVersion()
-	if len(r.Via) > 0 || !skipsMinor(lowest, r.Version) || !controlplane.ManagedByTopology(s.CP.Cluster) {
+	if len(r.Via) > 0 || !skipsMinor(lowest, r.Version) || !s.CP.Cluster.Spec.Topology.IsDefined() {
 		return r.Via, nil
 	}
 	plan, err := e.ControlPlane.ClassUpgradePlan(ctx, s.CP.Cluster, lowest, r.Version)
@@ -212,7 +214,7 @@ func skipsMinor(from, to string) bool {
 // about to be recorded. It is truncated to the second, the precision of a
 // Machine's creationTimestamp: a replacement created within the cut-off's
 // second must not count as created before it.
-func restartCutoff(rec *controlplane.Record, now time.Time) time.Time {
+func restartCutoff(rec *record.Record, now time.Time) time.Time {
 	if rec != nil && rec.Operation == "restart" {
 		now = rec.Started
 	}
@@ -226,7 +228,7 @@ func restartCutoff(rec *controlplane.Record, now time.Time) time.Time {
 // lock-out, and no Lease is taken or broken on it.
 func (e *Engine) lockedByAnotherRun(ctx context.Context) error {
 	lease, err := e.ControlPlane.Lease(ctx)
-	if err != nil || lease == nil || !controlplane.Live(lease, time.Now()) {
+	if err != nil || lease == nil || !runlock.Live(lease, time.Now()) {
 		return nil
 	}
 	return e.ControlPlane.LockedBy(lease)
@@ -234,9 +236,9 @@ func (e *Engine) lockedByAnotherRun(ctx context.Context) error {
 
 // acquire takes the cluster's lock; a Lease another run holds is a step of
 // its own while the tool watches whether its holder still renews it.
-func (e *Engine) acquire(ctx context.Context) (lock *controlplane.Lock, err error) {
+func (e *Engine) acquire(ctx context.Context) (lock *runlock.Lock, err error) {
 	w := e.lockWait("taken over")
-	lock, err = e.ControlPlane.Acquire(ctx, controlplane.Who(), w.watching)
+	lock, err = e.ControlPlane.Acquire(ctx, record.Who(), w.watching)
 	w.end(&err)
 	return lock, err
 }
@@ -255,8 +257,8 @@ func (e *Engine) lockWait(then string) *lockWait { return &lockWait{e: e, then: 
 
 // watching is the call's waiting hook.
 func (w *lockWait) watching(l *coordinationv1.Lease) {
-	w.st = w.e.begin("await-lock", "", fmt.Sprintf("the lock is held by %s: watching whether it is still renewed; if it goes %s without, it is %s",
-		controlplane.Holder(l), controlplane.LeaseDuration, w.then))
+	w.st = w.e.begin(AwaitLock, "", fmt.Sprintf("the lock is held by %s: watching whether it is still renewed; if it goes %s without, it is %s",
+		runlock.Holder(l), runlock.LeaseDuration, w.then))
 }
 
 // end closes the step, if the call began one, with the call's error.
@@ -267,9 +269,9 @@ func (w *lockWait) end(err *error) {
 }
 
 // cleanupContext is for what a stopping run still does on its way out
-// (release the Lease, undo a pause it cannot keep): controlplane.CleanupContext.
+// (release the Lease, undo a pause it cannot keep): runlock.CleanupContext.
 func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return controlplane.CleanupContext(ctx)
+	return runlock.CleanupContext(ctx)
 }
 
 // Run performs a prepared request with the KCP hand-over around the loop:
@@ -282,7 +284,7 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) error {
 	return e.holding(ctx, func(ctx context.Context) error {
 		e.steps.total = p.Steps
 		if p.HandBackOnly != "" {
-			e.note("handback", p.HandBackOnly)
+			e.note(HandBack, p.HandBackOnly)
 		}
 		for i := p.FirstHop; i < len(p.Hops); i++ {
 			if err := e.runHop(ctx, p, i); err != nil {
@@ -353,16 +355,17 @@ func (e *Engine) runHop(ctx context.Context, p *Prepared, i int) error {
 	if t.Operation == "restart" {
 		// The record now on the KubeadmControlPlane is this restart's, set
 		// by the pause or left by an interrupted run: its start is the cut-off.
-		rec, err := controlplane.RecordOf(live.KCP)
+		rec, err := record.Of(live.KCP)
 		if err != nil {
 			return err
 		}
 		t.RolloutAfter = restartCutoff(rec, time.Now())
 	}
-	if err := e.Converge(ctx, t); err != nil {
+	done, err := e.Converge(ctx, t)
+	if err != nil {
 		return err
 	}
-	handedBack, err := e.handBack(ctx)
+	handedBack, err := e.handBack(ctx, done.CP)
 	if err != nil {
 		return err
 	}
@@ -376,7 +379,7 @@ func (e *Engine) runHop(ctx context.Context, p *Prepared, i int) error {
 		}
 	}
 	workers := e.Timeouts.Workers
-	if !last && workers == 0 && controlplane.ManagedByTopology(live.Cluster) {
+	if !last && workers == 0 && live.Cluster.Spec.Topology.IsDefined() {
 		workers = defaultWorkersWait
 	}
 	if workers > 0 && hop != "" {
@@ -399,25 +402,25 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 	if err != nil {
 		return nil, err
 	}
-	rec, err := controlplane.RecordOf(kcp)
+	rec, err := record.Of(kcp)
 	if err != nil {
 		return nil, err
 	}
 	// A KubeadmControlPlane held by `pause` is taken over: this run's record
 	// replaces the pause's, and the hand-back at the end is this run's.
-	var held *controlplane.Record
-	if rec != nil && rec.Operation == controlplane.PauseOperation {
+	var held *record.Record
+	if rec != nil && rec.Operation == record.PauseOperation {
 		held, rec = rec, nil
 	}
 	pausedNow := rec == nil
 	if pausedNow {
 		// The target is set on the KubeadmControlPlane the pause read last.
-		mine := controlplane.Record{Operation: r.Operation, Target: r.TargetString(), Who: controlplane.Who(), Started: time.Now().UTC()}
+		mine := record.Record{Operation: r.Operation, Target: r.TargetString(), Who: record.Who(), Started: time.Now().UTC()}
 		if kcp, err = e.pause(ctx, cluster, kcp, mine, held); err != nil {
 			return nil, err
 		}
 	} else {
-		e.note("resume", "continuing "+rec.String())
+		e.note(Resume, "continuing "+rec.String())
 		if kcp, err = e.awaitPausedAgain(ctx, kcp); err != nil {
 			return nil, err
 		}
@@ -451,7 +454,7 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 // user sees (exit 2). Any other failure leaves the pause and record for a
 // re-run, as every interruption does. A `pause` this run took over (held)
 // is put back as it was, not handed back.
-func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, pausedNow bool, held *controlplane.Record, err error) error {
+func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, pausedNow bool, held *record.Record, err error) error {
 	if !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) {
 		return err
 	}
@@ -467,7 +470,7 @@ func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.Kubeadm
 		if rerr := e.ControlPlane.Resume(cleanupCtx, kcp); rerr != nil {
 			return fmt.Errorf("the API server rejected the target (%v), and handing KubeadmControlPlane %s back failed: %w", err, kcp.Name, rerr)
 		}
-		e.note("handback", "the target was rejected; KubeadmControlPlane "+kcp.Name+" unpaused, nothing changed")
+		e.note(HandBack, "the target was rejected; KubeadmControlPlane "+kcp.Name+" unpaused, nothing changed")
 	}
 	return exitcode.Usagef("the API server rejected the target: %v", err)
 }
@@ -478,12 +481,12 @@ func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.Kubeadm
 // that was not paused. A pause that is then found unsafe to keep (a
 // remediation KCP started just before) is handed back at once — or, when it
 // was held by `pause`, left held as it was.
-func (e *Engine) pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec controlplane.Record, held *controlplane.Record) (_ *controlplanev1.KubeadmControlPlane, err error) {
+func (e *Engine) pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec record.Record, held *record.Record) (_ *controlplanev1.KubeadmControlPlane, err error) {
 	what := "pausing KubeadmControlPlane " + kcp.Name
 	if held != nil {
 		what = "taking over KubeadmControlPlane " + kcp.Name + ", held by cp-rollout pause (" + held.Detail() + ")"
 	}
-	st := e.begin("pause", "", what)
+	st := e.begin(Pause, "", what)
 	defer st.end(&err)
 	kcp, err = e.ControlPlane.Pause(ctx, cluster, kcp, rec, e.Timeouts.pause(), takeoverCheck)
 	if err != nil {
@@ -505,7 +508,7 @@ func (e *Engine) pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *con
 // prepareWorkload updates kubeadm's configuration and RBAC on the workload
 // cluster for the target version, as KCP does before it rolls machines.
 func (e *Engine) prepareWorkload(ctx context.Context, live *kcpstate.ControlPlane) (err error) {
-	st := e.begin("prepare-workload", "", "updating kubeadm-config and kubeadm's RBAC for "+live.KCP.Spec.Version)
+	st := e.begin(PrepareWorkload, "", "updating kubeadm-config and kubeadm's RBAC for "+live.KCP.Spec.Version)
 	defer st.end(&err)
 	if err := e.Workload.PrepareRollout(ctx, live.KCP, etcd.Managed(live.KCP)); err != nil {
 		return err
@@ -515,30 +518,16 @@ func (e *Engine) prepareWorkload(ctx context.Context, live *kcpstate.ControlPlan
 }
 
 // handBack removes the pause and moves the record to the last operation:
-// KCP is in charge again. It returns the machines it handed back.
-func (e *Engine) handBack(ctx context.Context) (machines []string, err error) {
-	// What Converge has just read live and found done, or a fresh read.
-	live, err := e.lastConverged(ctx)
-	if err != nil {
-		return nil, err
-	}
-	st := e.begin("handback", "", "unpausing KubeadmControlPlane "+live.KCP.Name)
+// KCP is in charge again. live is the control plane Converge has just read
+// and found done. It returns the machines it handed back.
+func (e *Engine) handBack(ctx context.Context, live *kcpstate.ControlPlane) (machines []string, err error) {
+	st := e.begin(HandBack, "", "unpausing KubeadmControlPlane "+live.KCP.Name)
 	defer st.end(&err)
 	if err := e.ControlPlane.Complete(ctx, live.KCP); err != nil {
 		return nil, err
 	}
 	st.done("KubeadmControlPlane " + live.KCP.Name + " unpaused; KCP is in charge again")
 	return live.Machines.Names(), nil
-}
-
-// lastConverged is the control plane Converge has just found done on, or,
-// when it did not, a live read.
-func (e *Engine) lastConverged(ctx context.Context) (*kcpstate.ControlPlane, error) {
-	if s := e.converged; s != nil {
-		e.converged = nil
-		return s.CP, nil
-	}
-	return e.ControlPlane.Read(ctx)
 }
 
 // removeOrphans deletes what a killed run left between creating a
@@ -549,7 +538,7 @@ func (e *Engine) lastConverged(ctx context.Context) (*kcpstate.ControlPlane, err
 func (e *Engine) removeOrphans(ctx context.Context, cp *kcpstate.ControlPlane) {
 	orphans, err := e.ControlPlane.Orphans(ctx, cp)
 	if err != nil {
-		e.report("remove-orphan", "", progress.Failed, "could not look for pieces an interrupted run left behind: "+err.Error()+"; going on", time.Now())
+		e.report(RemoveOrphan, "", progress.Failed, "could not look for pieces an interrupted run left behind: "+err.Error()+"; going on", time.Now())
 		return
 	}
 	for _, obj := range orphans {
@@ -559,7 +548,7 @@ func (e *Engine) removeOrphans(ctx context.Context, cp *kcpstate.ControlPlane) {
 
 func (e *Engine) removeOrphan(ctx context.Context, obj client.Object) (err error) {
 	what := obj.GetObjectKind().GroupVersionKind().Kind + " " + obj.GetName()
-	st := e.begin("remove-orphan", obj.GetName(), what+" has no Machine: an interrupted run created it; deleting it")
+	st := e.begin(RemoveOrphan, obj.GetName(), what+" has no Machine: an interrupted run created it; deleting it")
 	defer st.end(&err)
 	if err := e.ControlPlane.DeleteOrphan(ctx, obj); err != nil {
 		return fmt.Errorf("%w; going on", err)

@@ -114,7 +114,7 @@ var kcpHealthy = map[string]metav1.ConditionStatus{
 // its own to do: that ends the wait at once. Either failure is exit 4; the
 // hand-back itself stands.
 func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit time.Duration) (err error) {
-	st := e.begin("await-kcp", "", fmt.Sprintf("waiting up to %s for KCP to take over and agree the rollout is done", limit))
+	st := e.begin(AwaitKCP, "", fmt.Sprintf("waiting up to %s for KCP to take over and agree the rollout is done", limit))
 	defer st.end(&err)
 	var version string
 	var last *controlplanev1.KubeadmControlPlane

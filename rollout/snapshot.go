@@ -27,6 +27,9 @@ type Snapshot struct {
 	// snapshot: such a machine that is unhealthy now went bad — it is not
 	// still joining, whatever its node says.
 	SeenHealthy map[string]bool
+	// MembersRead is when Members were read from etcd: a cached snapshot
+	// may carry those of the snapshot before it (Engine.readCached).
+	MembersRead time.Time
 	// cached marks a snapshot read from the watches' caches, its etcd part up
 	// to etcdPoll old (Engine.readCached): waits decide on one, and no step
 	// acts on one.

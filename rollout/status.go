@@ -12,29 +12,31 @@ import (
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 )
 
 // Status is where a control plane stands, as `status` shows it. Its JSON form
 // is a documented, stable interface: fields are only ever added.
 type Status struct {
-	Cluster      string               `json:"cluster"`
-	Namespace    string               `json:"namespace"`
-	ControlPlane ControlPlaneStatus   `json:"controlPlane"`
-	Lock         *LockStatus          `json:"lock"`
-	Machines     []MachineStatus      `json:"machines"`
-	EtcdManaged  bool                 `json:"etcdManaged"`
-	EtcdMembers  []MemberStatus       `json:"etcdMembers"`
-	Next         *NextStatus          `json:"next,omitempty"`
-	Errors       []string             `json:"errors,omitempty"`
-	Operation    *controlplane.Record `json:"operation"`
+	Cluster      string             `json:"cluster"`
+	Namespace    string             `json:"namespace"`
+	ControlPlane ControlPlaneStatus `json:"controlPlane"`
+	Lock         *LockStatus        `json:"lock"`
+	Machines     []MachineStatus    `json:"machines"`
+	EtcdManaged  bool               `json:"etcdManaged"`
+	EtcdMembers  []MemberStatus     `json:"etcdMembers"`
+	Next         *NextStatus        `json:"next,omitempty"`
+	Errors       []string           `json:"errors,omitempty"`
+	Operation    *record.Record     `json:"operation"`
 	// Topology is the ClusterClass topology that manages the cluster, if any.
 	Topology *TopologyStatus `json:"topology,omitempty"`
 	// LastOperation is the last operation this tool finished on the cluster
 	// (its record, moved at hand-back), whoever ran it.
-	LastOperation *controlplane.Record `json:"lastOperation,omitempty"`
+	LastOperation *record.Record `json:"lastOperation,omitempty"`
 	// ManagementOnly is true when the workload cluster was not read (the
 	// identity may not read its Secrets): machines are as the management
 	// cluster has them, with no problem found on their nodes, no etcd
@@ -92,11 +94,11 @@ func KCPActivity(kcp *controlplanev1.KubeadmControlPlane) []string {
 // lock before it pauses); otherwise a KCP that is not paused acts when its
 // conditions say so (kcpBusy, from KCPActivity). A paused KCP with no run is
 // nobody's: the pause holds KCP back until a run resumes or hands back.
-func Acting(lock *LockStatus, rec *controlplane.Record, paused bool, kcpBusy []string) ActingStatus {
+func Acting(lock *LockStatus, rec *record.Record, paused bool, kcpBusy []string) ActingStatus {
 	switch {
 	case lock != nil && lock.Live && lock.Holder != "":
 		what := lock.Holder
-		if rec != nil && rec.Operation != controlplane.PauseOperation {
+		if rec != nil && rec.Operation != record.PauseOperation {
 			what = rec.Operation + " by " + lock.Holder
 		}
 		return ActingStatus{Who: "cp-rollout", What: what}
@@ -137,13 +139,13 @@ type ControlPlaneStatus struct {
 // PauseState is a control plane's State: active, paused by someone else,
 // paused by `pause` (who, since, why), or paused by this tool under rec, with
 // its last failure if it has one.
-func PauseState(paused bool, rec *controlplane.Record) string {
+func PauseState(paused bool, rec *record.Record) string {
 	switch {
 	case !paused:
 		return "active"
 	case rec == nil:
 		return "paused by someone else"
-	case rec.Operation == controlplane.PauseOperation:
+	case rec.Operation == record.PauseOperation:
 		return "paused by cp-rollout pause (" + rec.Detail() + ")"
 	}
 	state := "paused by cp-rollout since " + rec.Started.UTC().Format(time.RFC3339)
@@ -170,7 +172,7 @@ type LockStatus struct {
 
 // LockOf describes a cluster's lock, its Lease, as it stands at now.
 func LockOf(lease *coordinationv1.Lease, now time.Time) *LockStatus {
-	l := &LockStatus{Holder: ptr.Deref(lease.Spec.HolderIdentity, ""), Live: controlplane.Live(lease, now)}
+	l := &LockStatus{Holder: ptr.Deref(lease.Spec.HolderIdentity, ""), Live: runlock.Live(lease, now)}
 	if lease.Spec.RenewTime != nil {
 		l.RenewTime = &lease.Spec.RenewTime.Time
 	}
@@ -221,25 +223,29 @@ type NextStatus struct {
 // Status reads the control plane without changing anything and without the
 // lock, so it works while a rollout runs. The management cluster must answer;
 // what the workload cluster or etcd cannot tell is listed in Errors. An
-// engine without a Workload shows the management cluster's half.
-func (e *Engine) Status(ctx context.Context) (*Status, error) {
-	cp, err := e.firstControlPlane(ctx)
-	if err != nil {
-		return nil, err
+// engine without a Workload shows the management cluster's half. connected,
+// when not nil, is the control plane as read a moment ago (see ReadFirst).
+func (e *Engine) Status(ctx context.Context, connected *kcpstate.ControlPlane) (*Status, error) {
+	cp := connected
+	if cp == nil {
+		var err error
+		if cp, err = e.ControlPlane.Read(ctx); err != nil {
+			return nil, err
+		}
 	}
-	rec, err := controlplane.RecordOf(cp.KCP)
+	rec, err := record.Of(cp.KCP)
 	if err != nil {
 		return nil, err
 	}
 	_, paused := cp.KCP.Annotations[clusterv1.PausedAnnotation]
 	st := &Status{
-		Cluster: cp.Cluster.Name, Namespace: cp.Cluster.Namespace, Operation: rec, LastOperation: controlplane.LastOf(cp.KCP),
+		Cluster: cp.Cluster.Name, Namespace: cp.Cluster.Namespace, Operation: rec, LastOperation: record.LastOf(cp.KCP),
 		ControlPlane: ControlPlaneStatus{Name: cp.KCP.Name, Version: cp.KCP.Spec.Version,
 			Replicas: ptr.Deref(cp.KCP.Spec.Replicas, 1), Paused: paused, PausedByUs: paused && rec != nil,
 			State: PauseState(paused, rec)},
 		Machines: []MachineStatus{}, EtcdMembers: []MemberStatus{},
 	}
-	if t := cp.Cluster.Spec.Topology; controlplane.ManagedByTopology(cp.Cluster) {
+	if t := cp.Cluster.Spec.Topology; t.IsDefined() {
 		st.Topology = &TopologyStatus{Class: t.ClassRef.Name, Version: t.Version, Replicas: t.ControlPlane.Replicas}
 	}
 
@@ -257,7 +263,7 @@ func (e *Engine) Status(ctx context.Context) (*Status, error) {
 	s, live := NewSnapshot(cp), false
 	if e.Workload == nil {
 		st.ManagementOnly = true
-	} else if read, err := e.Read(ctx); err != nil {
+	} else if read, err := e.ReadFirst(ctx, cp); err != nil {
 		st.Errors = append(st.Errors, err.Error())
 	} else {
 		s, live = read, true

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 )
 
 // TestStatusWithoutTheWorkloadCluster: an engine with no workload client (the
@@ -15,7 +15,7 @@ import (
 func TestStatusWithoutTheWorkloadCluster(t *testing.T) {
 	w := world(machineSpec{outdated: true}, machineSpec{}, machineSpec{deleting: true})
 	f := newScripted(w)
-	st, err := (&Engine{ControlPlane: f}).Status(context.Background())
+	st, err := (&Engine{ControlPlane: f}).Status(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestStatusWithoutTheWorkloadCluster(t *testing.T) {
 
 	// With the workload cluster, the same control plane has members and a
 	// next step.
-	st, err = (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background())
+	st, err = (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestStatusWithoutTheWorkloadCluster(t *testing.T) {
 // member no machine owns, and the member, as the loop would take it.
 func TestStatusShowsAStaleMemberAsNext(t *testing.T) {
 	f := newScripted(withMembers(world(machineSpec{}, machineSpec{}, machineSpec{}), staleLearner))
-	st, err := (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background())
+	st, err := (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,14 +56,14 @@ func TestStatusShowsAStaleMemberAsNext(t *testing.T) {
 // without an operation); a lock that went unrenewed is nobody's; KCP acts
 // only unpaused, by its own conditions; a paused KCP with no run is nobody's.
 func TestActing(t *testing.T) {
-	run := &controlplane.Record{Operation: "upgrade", Target: "v1.36.3", Who: "alice@ops/pid-1"}
-	held := &controlplane.Record{Operation: controlplane.PauseOperation, Who: "bob@ops/pid-2"}
+	run := &record.Record{Operation: "upgrade", Target: "v1.36.3", Who: "alice@ops/pid-1"}
+	held := &record.Record{Operation: record.PauseOperation, Who: "bob@ops/pid-2"}
 	live := &LockStatus{Holder: "alice@ops/pid-1-x", Live: true}
 	expired := &LockStatus{Holder: "alice@ops/pid-1-x"}
 	for _, tc := range []struct {
 		name   string
 		lock   *LockStatus
-		rec    *controlplane.Record
+		rec    *record.Record
 		paused bool
 		busy   []string
 		want   string

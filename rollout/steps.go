@@ -28,10 +28,11 @@ type stepLog struct {
 
 // step is one action in progress.
 type step struct {
-	e               *Engine
-	action, machine string
-	began           time.Time
-	outcome         string
+	e       *Engine
+	action  Action
+	machine string
+	began   time.Time
+	outcome string
 	// held is how long the cluster refused the step before it went through
 	// (etcd's five-second rule for membership changes), for its done event.
 	held time.Duration
@@ -40,7 +41,7 @@ type step struct {
 // begin reports action started (on machine, if any) and returns the step;
 // the caller closes it with `defer step.end(&err)`.
 func (e *Engine) begin(action Action, machine, msg string) *step {
-	st := &step{e: e, action: string(action), machine: machine, began: time.Now()}
+	st := &step{e: e, action: action, machine: machine, began: time.Now()}
 	if e.steps.began.IsZero() {
 		e.steps.began, e.steps.last = st.began, st.began
 	}
@@ -75,7 +76,7 @@ func (st *step) end(err *error) {
 	} else {
 		e.reportHeld(st.action, st.machine, progress.Done, st.outcome, st.began, st.held)
 	}
-	e.steps.times = append(e.steps.times, progress.StepTime{Action: st.action, Machine: st.machine, Duration: now.Sub(e.steps.last), Hop: e.steps.hop})
+	e.steps.times = append(e.steps.times, progress.StepTime{Action: string(st.action), Machine: st.machine, Duration: now.Sub(e.steps.last), Hop: e.steps.hop})
 	e.steps.last = now
 }
 
@@ -113,19 +114,19 @@ func (e *Engine) summarize() {
 
 // report sends one event; progress that concerns no step (a read that fails
 // and is retried) is reported with it too.
-func (e *Engine) report(action, machine string, phase progress.Phase, msg string, since time.Time) {
+func (e *Engine) report(action Action, machine string, phase progress.Phase, msg string, since time.Time) {
 	e.reportHeld(action, machine, phase, msg, since, 0)
 }
 
 // reportHeld is report for a step the cluster held back for held.
-func (e *Engine) reportHeld(action, machine string, phase progress.Phase, msg string, since time.Time, held time.Duration) {
+func (e *Engine) reportHeld(action Action, machine string, phase progress.Phase, msg string, since time.Time, held time.Duration) {
 	if e.Reporter == nil {
 		return
 	}
 	key := e.ControlPlane.Key()
 	e.Reporter.Report(progress.Event{
 		Time: time.Now(), Cluster: key.Name, Namespace: key.Namespace,
-		Step: e.steps.machine, Total: max(e.steps.total, e.steps.machine), Action: action, Machine: machine, Phase: phase,
+		Step: e.steps.machine, Total: max(e.steps.total, e.steps.machine), Action: string(action), Machine: machine, Phase: phase,
 		Message: msg, ElapsedMs: time.Since(since).Milliseconds(), HeldMs: held.Milliseconds(), Hop: e.steps.hop,
 	})
 }

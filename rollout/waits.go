@@ -175,15 +175,15 @@ func (w *wait) expired(t Timeouts, last Step, lastErr error) error {
 // await holds step open while Next keeps answering the step it started on
 // (same action, same machine): it reports each new reason, reads again at
 // every change the watches report and whenever etcd is due (etcdPoll), and
-// ends when Next answers something else — the caller's loop then decides
-// again, on the snapshot the wait ended on — or when the wait's limit is
-// spent.
+// ends when Next answers something else, returning the live snapshot it
+// ended on, on which the caller's loop decides again — or when the wait's
+// limit is spent. s is the snapshot the wait started on.
 //
 // A wait reads the watches' caches (readCached), and live every liveEvery.
 // It never ends on a cached read: when one shows something else to do, a
 // live read confirms it first, so that the step after the wait acts on a
 // state all read just now.
-func (e *Engine) await(ctx context.Context, t Target, st *step, first Step, kind func(Step) waitKind) error {
+func (e *Engine) await(ctx context.Context, t Target, st *step, s *Snapshot, first Step, kind func(Step) waitKind) (*Snapshot, error) {
 	var w wait
 	next := first
 	lastLive := time.Now()
@@ -192,26 +192,25 @@ func (e *Engine) await(ctx context.Context, t Target, st *step, first Step, kind
 			st.waiting(next.Reason)
 		}
 		if err := w.expired(e.Timeouts, next, next.Err); err != nil {
-			return err
+			return nil, err
 		}
-		e.waitForChange(ctx, e.etcdDue())
+		e.waitForChange(ctx, etcdDue(s))
 		cached := true
 		if time.Since(lastLive) > liveEvery {
 			cached, lastLive = false, time.Now()
 		}
-		s, err := e.readWith(ctx, cached)
-		if err != nil {
-			return err
+		var err error
+		if s, err = e.readWith(ctx, cached, s); err != nil {
+			return nil, err
 		}
 		if next = Next(ctx, s, t); !sameStep(next, first) && s.cached {
 			if s, err = e.read(ctx); err != nil {
-				return err
+				return nil, err
 			}
 			next = Next(ctx, s, t)
 		}
 		if !sameStep(next, first) {
-			e.handed = s
-			return nil
+			return s, nil
 		}
 	}
 }

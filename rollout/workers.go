@@ -69,7 +69,7 @@ func versionList(versions []clusterv1.StatusVersion) string {
 // for. It gives up after limit (exit 4); the control plane is done either
 // way.
 func (e *Engine) awaitWorkers(ctx context.Context, version string, limit time.Duration) (err error) {
-	st := e.begin("await-workers", "", fmt.Sprintf("waiting up to %s for the topology controller to upgrade the workers to %s", limit, version))
+	st := e.begin(AwaitWorkers, "", fmt.Sprintf("waiting up to %s for the topology controller to upgrade the workers to %s", limit, version))
 	defer st.end(&err)
 	var count int
 	// MachineDeployments are not watched: every check reads them live.

@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/secret"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 )
 
 func roleOf(t *testing.T, u Use) *rbacv1.Role {
@@ -83,7 +84,7 @@ func TestRoleOfOneCluster(t *testing.T) {
 	if view.Namespace != "capi-prod" || view.Name != View.RoleName("eu1") || operate.Name != Operate.RoleName("eu1") || view.Name != "cp-rollout-view-eu1" {
 		t.Errorf("roles %s/%s and %s: want cp-rollout-{view,operate}-eu1 in capi-prod", view.Namespace, view.Name, operate.Name)
 	}
-	lease := controlplane.LeaseName("eu1")
+	lease := runlock.LeaseName("eu1")
 	kubeconfig, etcdCA := secret.Name("eu1", secret.Kubeconfig), secret.Name("eu1", secret.EtcdCA)
 	for _, c := range []struct {
 		rules                       []rbacv1.PolicyRule

@@ -132,7 +132,7 @@ func (o *changeOptions) converge(ctx, runCtx context.Context, reporter progress.
 		return stopCause(runCtx, err)
 	}
 	defer closeEngine()
-	prepared, err := engine.Prepare(runCtx, o.Request)
+	prepared, err := engine.Prepare(runCtx, o.Request, engine.Connected)
 	if err == nil && prepared.NothingToDo != "" {
 		reporter.Report(progress.Event{Time: time.Now(), Cluster: o.Cluster, Namespace: o.Namespace, Action: o.Request.Operation,
 			Phase: progress.Done, Message: prepared.NothingToDo})

@@ -29,7 +29,9 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/pkg/requests"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
@@ -318,7 +320,7 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 	var counted struct{ management, workload, etcd requests.Counter }
 	cfg.Wrap(counted.management.Wrap)
 	// Outside the counter, so a write the fence stops is not counted.
-	fence := &controlplane.Fence{Namespace: c.Namespace, Lease: controlplane.LeaseName(c.Cluster)}
+	fence := &controlplane.Fence{Namespace: c.Namespace, Lease: runlock.LeaseName(c.Cluster)}
 	cfg.Wrap(fence.Wrap)
 	mgmt, err := client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
 	if err != nil {
@@ -409,7 +411,7 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engin
 	if !use.loop {
 		return engine, cleanup, nil
 	}
-	trail := audit.New(mgmt, state.KCP, controlplane.Who())
+	trail := audit.New(mgmt, state.KCP, record.Who())
 	engine.Reporter, engine.Audit = trail.Reporter(use.reporter), trail
 	closers = append(closers, trail.Close)
 	watchCtx, stop := context.WithCancel(ctx)

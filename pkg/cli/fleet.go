@@ -347,7 +347,7 @@ func printFleet(out io.Writer, output string, rows []fleetRow, code int) error {
 			Phase    progress.Phase `json:"phase"`
 			ExitCode int            `json:"exitCode"`
 			Clusters []fleetRow     `json:"clusters"`
-		}{time.Now(), "fleet", phase, code, rows})
+		}{time.Now(), progress.FleetAction, phase, code, rows})
 	}
 	var cells [][]any
 	for _, r := range rows {

@@ -119,7 +119,7 @@ func (o *requestOptions) printPlan(ctx context.Context) (pending bool, err error
 	// connect gives every engine its *controlplane.Client and the control
 	// plane it read, which Prepare below takes.
 	refusal := o.runChecks(ctx, engine.ControlPlane.(*controlplane.Client), engine.Connected.KCP)
-	prepared, err := engine.Prepare(ctx, o.Request)
+	prepared, err := engine.Prepare(ctx, o.Request, engine.Connected)
 	var hops [][]rollout.Step
 	if err == nil && prepared.NothingToDo == "" {
 		hops = rollout.PlanHops(ctx, prepared)

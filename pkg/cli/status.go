@@ -225,8 +225,11 @@ func (o *StatusOptions) clusterReader(ctx context.Context) (read func(context.Co
 	if err != nil {
 		return nil, nil, err
 	}
+	// The first read takes the control plane connect has just read.
+	connected := engine.Connected
 	return func(ctx context.Context) (*statusView, error) {
-		st, err := engine.Status(ctx)
+		st, err := engine.Status(ctx, connected)
+		connected = nil
 		if err != nil {
 			return nil, err
 		}

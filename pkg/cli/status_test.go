@@ -15,6 +15,7 @@ import (
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
@@ -25,7 +26,7 @@ func TestStatusShowsLastOperation(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	finished := now.Add(-time.Minute)
 	st := &rollout.Status{Cluster: "demo", Namespace: "default", EtcdManaged: true,
-		LastOperation: &controlplane.Record{Operation: "upgrade", Target: "v1.36.3", Who: "ops@bastion/pid-7",
+		LastOperation: &record.Record{Operation: "upgrade", Target: "v1.36.3", Who: "ops@bastion/pid-7",
 			Started: now.Add(-3 * time.Minute), Finished: &finished}}
 	var out bytes.Buffer
 	if err := printStatus(&out, st, tableOptions{}, now); err != nil {
@@ -65,8 +66,8 @@ func TestStatusManagementOnly(t *testing.T) {
 // ran it and when it failed.
 func TestStatusShowsAFailedRun(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	rec := &controlplane.Record{Operation: "upgrade", Target: "v1.36.3", Who: "ops@bastion/pid-7", Started: now.Add(-time.Hour),
-		LastFailure: &controlplane.Failure{Reason: "machine demo-cp-1: etcd member n1 is unhealthy", Time: now.Add(-time.Minute), ExitCode: 3}}
+	rec := &record.Record{Operation: "upgrade", Target: "v1.36.3", Who: "ops@bastion/pid-7", Started: now.Add(-time.Hour),
+		LastFailure: &record.Failure{Reason: "machine demo-cp-1: etcd member n1 is unhealthy", Time: now.Add(-time.Minute), ExitCode: 3}}
 	st := &rollout.Status{Cluster: "demo", Namespace: "default", EtcdManaged: true, Operation: rec,
 		ControlPlane: rollout.ControlPlaneStatus{Name: "demo-cp", Version: "v1.36.3", Replicas: 3, Paused: true, PausedByUs: true}}
 	var out bytes.Buffer
@@ -97,11 +98,11 @@ func TestStatusShowsAFailedRun(t *testing.T) {
 // failed says so in its column, without the reason, which status CLUSTER
 // shows.
 func TestFleetStatusMarksAFailedRun(t *testing.T) {
-	rec := &controlplane.Record{Operation: "upgrade", Target: "v1.36.3"}
+	rec := &record.Record{Operation: "upgrade", Target: "v1.36.3"}
 	if got := operation(rec); got != "upgrade to v1.36.3" {
 		t.Errorf("operation %q", got)
 	}
-	rec.LastFailure = &controlplane.Failure{Reason: "machine m1: etcd member n1 is unhealthy", ExitCode: 4}
+	rec.LastFailure = &record.Failure{Reason: "machine m1: etcd member n1 is unhealthy", ExitCode: 4}
 	if got := operation(rec); got != "upgrade to v1.36.3, last run failed (exit 4)" {
 		t.Errorf("operation whose run failed: %q", got)
 	}
@@ -113,14 +114,14 @@ func TestFleetStatusMarksAFailedRun(t *testing.T) {
 func TestStatusShowsPause(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
-		rec  controlplane.Record
+		rec  record.Record
 		want string
 	}{
-		{controlplane.Record{Operation: "pause", Who: "ops@bastion/pid-7", Started: now.Add(-time.Hour), Reason: "CHG-1234: audit flags"},
+		{record.Record{Operation: "pause", Who: "ops@bastion/pid-7", Started: now.Add(-time.Hour), Reason: "CHG-1234: audit flags"},
 			"paused by cp-rollout pause (ops@bastion/pid-7, since 2026-12-01T11:00:00Z, reason: CHG-1234: audit flags)"},
-		{controlplane.Record{Operation: "pause", Who: "ops@bastion/pid-7", Started: now.Add(-time.Hour)},
+		{record.Record{Operation: "pause", Who: "ops@bastion/pid-7", Started: now.Add(-time.Hour)},
 			"paused by cp-rollout pause (ops@bastion/pid-7, since 2026-12-01T11:00:00Z)"},
-		{controlplane.Record{Operation: "restart", Target: "every machine", Who: "ops@bastion/pid-7", Started: now.Add(-time.Hour)},
+		{record.Record{Operation: "restart", Target: "every machine", Who: "ops@bastion/pid-7", Started: now.Add(-time.Hour)},
 			"OPERATION      restart to every machine by ops@bastion/pid-7, started 2026-12-01T11:00:00Z"},
 	} {
 		rec := tc.rec

@@ -8,9 +8,9 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/fleet"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 )
 
 // etcdReadsAtOnce bounds status --etcd: each cluster's read opens a
@@ -67,7 +67,7 @@ func (o *StatusOptions) etcdHealth(ctx context.Context, c fleet.Cluster) *fleet.
 		return &fleet.EtcdHealth{Error: err.Error()}
 	}
 	defer closeEngine()
-	s, err := engine.ReadFirst(ctx)
+	s, err := engine.ReadFirst(ctx, engine.Connected)
 	if err != nil {
 		return &fleet.EtcdHealth{Error: err.Error()}
 	}
@@ -154,11 +154,11 @@ func lockOf(r fleet.Row) string {
 	return r.Lock.Holder
 }
 
-func operation(rec *controlplane.Record) string {
+func operation(rec *record.Record) string {
 	if rec == nil {
 		return ""
 	}
-	if rec.Operation == controlplane.PauseOperation {
+	if rec.Operation == record.PauseOperation {
 		return rec.String()
 	}
 	line := rec.Operation + " to " + rec.Target
@@ -169,7 +169,7 @@ func operation(rec *controlplane.Record) string {
 	return line
 }
 
-func lastOperation(rec *controlplane.Record) string {
+func lastOperation(rec *record.Record) string {
 	if rec == nil {
 		return ""
 	}

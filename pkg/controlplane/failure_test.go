@@ -13,6 +13,8 @@ import (
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 )
 
 // TestRecordFailure: a failure goes into the record of a KubeadmControlPlane
@@ -22,9 +24,9 @@ import (
 func TestRecordFailure(t *testing.T) {
 	ctx := context.Background()
 	started := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
-	raw, _ := json.Marshal(Record{Operation: "upgrade", Target: "v1.36.3", Who: "ops", Started: started})
+	raw, _ := json.Marshal(record.Record{Operation: "upgrade", Target: "v1.36.3", Who: "ops", Started: started})
 	kcp := &controlplanev1.KubeadmControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "demo-cp", Namespace: "default",
-		Annotations: map[string]string{clusterv1.PausedAnnotation: "true", RecordAnnotation: string(raw)}}}
+		Annotations: map[string]string{clusterv1.PausedAnnotation: "true", record.Annotation: string(raw)}}}
 	mgmt := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(kcp).Build()
 	c := New(mgmt, "default", "demo")
 	read := func() *controlplanev1.KubeadmControlPlane {
@@ -42,10 +44,10 @@ func TestRecordFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	failedAt := time.Date(2026, 1, 1, 10, 5, 0, 0, time.FixedZone("CET", 3600))
-	if err := c.RecordFailure(ctx, stale, Failure{Reason: "machine m1:\n etcd member n1 is unhealthy", Time: failedAt, ExitCode: 3}); err != nil {
+	if err := c.RecordFailure(ctx, stale, record.Failure{Reason: "machine m1:\n etcd member n1 is unhealthy", Time: failedAt, ExitCode: 3}); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := RecordOf(read())
+	rec, err := record.Of(read())
 	if err != nil || rec == nil || rec.LastFailure == nil {
 		t.Fatalf("record %+v (%v): want the failure in it", rec, err)
 	}
@@ -58,16 +60,16 @@ func TestRecordFailure(t *testing.T) {
 	if err := c.Complete(ctx, read()); err != nil {
 		t.Fatal(err)
 	}
-	if last := LastOf(read()); last == nil || last.LastFailure != nil || last.Finished == nil {
+	if last := record.LastOf(read()); last == nil || last.LastFailure != nil || last.Finished == nil {
 		t.Errorf("last operation %+v: want finished, without the failure", last)
 	}
 
 	// Handed back: nothing is written.
-	if err := c.RecordFailure(ctx, read(), Failure{Reason: "late", Time: failedAt, ExitCode: 4}); err != nil {
+	if err := c.RecordFailure(ctx, read(), record.Failure{Reason: "late", Time: failedAt, ExitCode: 4}); err != nil {
 		t.Fatal(err)
 	}
-	if live := read(); live.Annotations[RecordAnnotation] != "" {
-		t.Errorf("a record came back without its pause: %s", live.Annotations[RecordAnnotation])
+	if live := read(); live.Annotations[record.Annotation] != "" {
+		t.Errorf("a record came back without its pause: %s", live.Annotations[record.Annotation])
 	}
 }
 
@@ -76,16 +78,16 @@ func TestRecordFailure(t *testing.T) {
 func TestRecordFailureBoundsTheReason(t *testing.T) {
 	ctx := context.Background()
 	kcp := &controlplanev1.KubeadmControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "demo-cp", Namespace: "default",
-		Annotations: map[string]string{clusterv1.PausedAnnotation: "true", RecordAnnotation: `{"operation":"scale","target":"replicas=5"}`}}}
+		Annotations: map[string]string{clusterv1.PausedAnnotation: "true", record.Annotation: `{"operation":"scale","target":"replicas=5"}`}}}
 	mgmt := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(kcp).Build()
-	if err := New(mgmt, "default", "demo").RecordFailure(ctx, kcp, Failure{Reason: strings.Repeat("x", 5000), ExitCode: 4}); err != nil {
+	if err := New(mgmt, "default", "demo").RecordFailure(ctx, kcp, record.Failure{Reason: strings.Repeat("x", 5000), ExitCode: 4}); err != nil {
 		t.Fatal(err)
 	}
 	live := &controlplanev1.KubeadmControlPlane{}
 	if err := mgmt.Get(ctx, client.ObjectKeyFromObject(kcp), live); err != nil {
 		t.Fatal(err)
 	}
-	rec, _ := RecordOf(live)
+	rec, _ := record.Of(live)
 	if rec == nil || rec.LastFailure == nil || len(rec.LastFailure.Reason) != maxFailureReason || !strings.HasSuffix(rec.LastFailure.Reason, "...") {
 		t.Errorf("record %+v", rec)
 	}

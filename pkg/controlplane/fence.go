@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 
 	"google.golang.org/grpc"
+
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 )
 
 // Fence stops a run's writes the moment its lock is no longer safely held.
@@ -26,11 +28,11 @@ type Fence struct {
 	// release must go through even as the lock is being lost.
 	Namespace, Lease string
 
-	lock atomic.Pointer[Lock]
+	lock atomic.Pointer[runlock.Lock]
 }
 
 // arm makes every later write depend on l being held.
-func (f *Fence) arm(l *Lock) { f.lock.Store(l) }
+func (f *Fence) arm(l *runlock.Lock) { f.lock.Store(l) }
 
 // Check fails once the armed lock is lost or about to be.
 func (f *Fence) Check() error {

@@ -19,101 +19,19 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 )
-
-// RecordAnnotation holds, on a KubeadmControlPlane this tool has paused, what
-// operation paused it. Its presence is what makes the pause ours: a pause
-// without it was set by someone else and is never removed by this tool.
-const RecordAnnotation = "cp-rollout.cluster.x-k8s.io/operation"
-
-// LastOperationAnnotation keeps, after a hand-back, the record of the
-// operation that finished: a runbook re-running a replace whose machine is
-// already gone learns it is done instead of being told the machine does not
-// exist. It never pauses anything.
-const LastOperationAnnotation = "cp-rollout.cluster.x-k8s.io/last-operation"
-
-// PauseOperation is the record of `kubectl cp-rollout pause`: a pause that
-// holds KCP back while someone changes its spec, which any verb of this tool
-// may then take over and roll out (and handback undoes).
-const PauseOperation = "pause"
-
-// Record describes the operation that holds a control plane paused, or that
-// last finished.
-type Record struct {
-	Operation string     `json:"operation"` // upgrade, scale, replace, rollout, restart, pause
-	Target    string     `json:"target"`    // v1.36.3, replicas=5, machine name; "" for a pause
-	Who       string     `json:"who"`
-	Started   time.Time  `json:"started"`
-	Finished  *time.Time `json:"finished,omitempty"`
-	// LastFailure is why the latest run under this record failed, while the
-	// pause it left stands: status explains the pause with it. Records
-	// written before it existed have none; the operation finishing clears it.
-	LastFailure *Failure `json:"lastFailure,omitempty"`
-	// Reason is why a pause was set, as its author gave it; records written
-	// before it existed, and those of the other operations, have none.
-	Reason string `json:"reason,omitempty"`
-}
-
-// Failure is a run that stopped on an unsafe state (exit 3) or a wait that
-// ran out (exit 4), leaving its pause and record for a re-run.
-type Failure struct {
-	Reason   string    `json:"reason"`
-	Time     time.Time `json:"time"`
-	ExitCode int       `json:"exitCode"`
-}
 
 // maxFailureReason bounds the reason kept in the record: it is an
 // annotation, read on every reconcile of the KubeadmControlPlane.
 const maxFailureReason = 1024
 
-func (r Record) String() string {
-	if r.Operation == PauseOperation {
-		return "pause by " + r.Detail()
-	}
-	return fmt.Sprintf("%s to %s by %s, started %s", r.Operation, r.Target, r.Who, r.Started.UTC().Format(time.RFC3339))
-}
-
-// Detail is who set a pause, since when and why, for "paused by cp-rollout
-// pause (...)".
-func (r Record) Detail() string {
-	d := fmt.Sprintf("%s, since %s", r.Who, r.Started.UTC().Format(time.RFC3339))
-	if r.Reason != "" {
-		d += ", reason: " + r.Reason
-	}
-	return d
-}
-
-// RecordOf returns the operation record on kcp, if any.
-func RecordOf(kcp *controlplanev1.KubeadmControlPlane) (*Record, error) {
-	raw, ok := kcp.Annotations[RecordAnnotation]
-	if !ok {
-		return nil, nil
-	}
-	r := &Record{}
-	if err := json.Unmarshal([]byte(raw), r); err != nil {
-		return nil, exitcode.Unsafef("KubeadmControlPlane %s: unreadable %s annotation: %v", kcp.Name, RecordAnnotation, err)
-	}
-	return r, nil
-}
-
-// LastOf returns the record of the last operation that finished on kcp, if
-// any can be read.
-func LastOf(kcp *controlplanev1.KubeadmControlPlane) *Record {
-	r := &Record{}
-	if raw, ok := kcp.Annotations[LastOperationAnnotation]; !ok || json.Unmarshal([]byte(raw), r) != nil {
-		return nil
-	}
-	return r
-}
-
-// TakeoverCheck refuses a control plane this tool must not pause; Pause asks
-// it again on every attempt, on what it has just read.
-type TakeoverCheck func(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane) error
-
 // Pause sets the pause annotation and our operation record in one patch, then
 // waits until the KCP controller reports Paused: an annotation does not stop a
 // reconcile already running, the condition does. cluster and kcp are as the
-// caller has just read them.
+// caller has just read them. mayTakeOver refuses a control plane this tool
+// must not pause; Pause asks it again on every attempt, on what it has just
+// read.
 //
 // The patch carries the resourceVersion the takeover was checked on, so a
 // KubeadmControlPlane that changed in between (paused by someone else, a
@@ -124,7 +42,7 @@ type TakeoverCheck func(cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmC
 // previous hand-back, KCP may not yet have recomputed the True it reported
 // while paused, and a reconcile with an unpaused view may still be running.
 // So a True seen before the pause must first turn False.
-func (c *Client) Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec Record, timeout time.Duration, mayTakeOver TakeoverCheck) (*controlplanev1.KubeadmControlPlane, error) {
+func (c *Client) Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec record.Record, timeout time.Duration, mayTakeOver func(*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane) error) (*controlplanev1.KubeadmControlPlane, error) {
 	raw, err := json.Marshal(rec)
 	if err != nil {
 		return nil, err
@@ -143,7 +61,7 @@ func (c *Client) Pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *con
 		}
 		body, err := json.Marshal(map[string]any{"metadata": map[string]any{
 			"uid": kcp.UID, "resourceVersion": kcp.ResourceVersion,
-			"annotations": map[string]any{clusterv1.PausedAnnotation: "true", RecordAnnotation: string(raw)},
+			"annotations": map[string]any{clusterv1.PausedAnnotation: "true", record.Annotation: string(raw)},
 		}})
 		if err != nil {
 			return nil, err
@@ -224,27 +142,27 @@ func (c *Client) awaitUnpausedView(ctx context.Context, cluster *clusterv1.Clust
 // Resume hands the control plane back to KCP: it removes the pause and the
 // record together, and only when the record is ours.
 func (c *Client) Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error {
-	if _, ours := kcp.Annotations[RecordAnnotation]; !ours {
+	if _, ours := kcp.Annotations[record.Annotation]; !ours {
 		return nil
 	}
-	return c.patchAnnotations(ctx, kcp, map[string]any{clusterv1.PausedAnnotation: nil, RecordAnnotation: nil})
+	return c.patchAnnotations(ctx, kcp, map[string]any{clusterv1.PausedAnnotation: nil, record.Annotation: nil})
 }
 
 // Restore puts rec back as the record of a KubeadmControlPlane that stays
 // paused: a run that took over a `pause` and then could not go on leaves the
 // pause as it found it, not handed back behind its author's back.
-func (c *Client) Restore(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, rec Record) error {
+func (c *Client) Restore(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, rec record.Record) error {
 	raw, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	return c.patchAnnotations(ctx, kcp, map[string]any{RecordAnnotation: string(raw)})
+	return c.patchAnnotations(ctx, kcp, map[string]any{record.Annotation: string(raw)})
 }
 
 // Complete hands the control plane back after its operation finished: as
-// Resume, and in the same patch the record moves to LastOperationAnnotation.
+// Resume, and in the same patch the record moves to record.LastAnnotation.
 func (c *Client) Complete(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error {
-	rec, err := RecordOf(kcp)
+	rec, err := record.Of(kcp)
 	if err != nil || rec == nil {
 		return err
 	}
@@ -255,21 +173,21 @@ func (c *Client) Complete(ctx context.Context, kcp *controlplanev1.KubeadmContro
 	if err != nil {
 		return err
 	}
-	return c.patchAnnotations(ctx, kcp, map[string]any{clusterv1.PausedAnnotation: nil, RecordAnnotation: nil, LastOperationAnnotation: string(raw)})
+	return c.patchAnnotations(ctx, kcp, map[string]any{clusterv1.PausedAnnotation: nil, record.Annotation: nil, record.LastAnnotation: string(raw)})
 }
 
 // RecordFailure adds f to the operation record on kcp as just read. It writes
 // only a KubeadmControlPlane still paused under a record of ours, and only
 // the version it read: a hand-back in between must not get a record back
 // without its pause, so a conflict is read and checked again.
-func (c *Client) RecordFailure(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, f Failure) error {
+func (c *Client) RecordFailure(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, f record.Failure) error {
 	f.Reason = strings.Join(strings.Fields(f.Reason), " ") // one line, for status
 	if len(f.Reason) > maxFailureReason {
 		f.Reason = f.Reason[:maxFailureReason-3] + "..."
 	}
 	f.Time = f.Time.UTC()
 	for attempt := 1; ; attempt++ {
-		rec, err := RecordOf(kcp)
+		rec, err := record.Of(kcp)
 		if _, paused := kcp.Annotations[clusterv1.PausedAnnotation]; err != nil || rec == nil || !paused {
 			return err
 		}
@@ -280,7 +198,7 @@ func (c *Client) RecordFailure(ctx context.Context, kcp *controlplanev1.KubeadmC
 		}
 		body, err := json.Marshal(map[string]any{"metadata": map[string]any{
 			"uid": kcp.UID, "resourceVersion": kcp.ResourceVersion,
-			"annotations": map[string]any{RecordAnnotation: string(raw)},
+			"annotations": map[string]any{record.Annotation: string(raw)},
 		}})
 		if err != nil {
 			return err

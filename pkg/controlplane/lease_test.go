@@ -3,14 +3,12 @@ package controlplane
 import (
 	"context"
 	"net/http"
-	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
@@ -19,103 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 )
-
-// TestReleaseAfterALateRenewal: a renewal the API server writes after
-// Release read the Lease makes the guarded delete conflict; Release reads the
-// Lease again and deletes it, instead of failing a finished run.
-func TestReleaseAfterALateRenewal(t *testing.T) {
-	ctx := context.Background()
-	deletes := 0
-	c := fake.NewClientBuilder().WithScheme(Scheme()).WithInterceptorFuncs(interceptor.Funcs{
-		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
-			if deletes++; deletes == 1 {
-				return apierrors.NewConflict(coordinationv1.Resource("leases"), obj.GetName(), nil)
-			}
-			return c.Delete(ctx, obj, opts...)
-		},
-	}).Build()
-	cp := New(c, "default", "demo")
-	lock, err := cp.Acquire(ctx, "ops@bastion/pid-7", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lock.Release(ctx); err != nil {
-		t.Fatalf("release after a conflict: %v", err)
-	}
-	if lease, err := cp.Lease(ctx); err != nil || lease != nil {
-		t.Errorf("the Lease is still there (%v, %v)", lease, err)
-	}
-	if deletes != 2 {
-		t.Errorf("%d deletes, want the conflicting one and one more", deletes)
-	}
-}
-
-// TestRenew: a renewal is one write over the Lease as the run last wrote it;
-// when someone else wrote it since, the Lease is read again and renewed only
-// if it still names the run.
-func TestRenew(t *testing.T) {
-	ctx := context.Background()
-	var requests int
-	c := fake.NewClientBuilder().WithScheme(Scheme()).WithInterceptorFuncs(interceptor.Funcs{
-		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-			requests++
-			return c.Get(ctx, key, obj, opts...)
-		},
-		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
-			requests++
-			return c.Update(ctx, obj, opts...)
-		},
-	}).Build()
-	cp := New(c, "default", "demo")
-	lock, err := cp.Acquire(ctx, "ops@bastion/pid-7", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lease := func() *coordinationv1.Lease {
-		l, err := cp.Lease(ctx)
-		if err != nil || l == nil {
-			t.Fatalf("reading the Lease: %v, %v", l, err)
-		}
-		return l
-	}
-
-	before := lease().Spec.RenewTime.Time
-	requests = 0
-	if err := lock.renew(ctx); err != nil {
-		t.Fatalf("renew: %v", err)
-	}
-	if requests != 1 {
-		t.Errorf("a renewal took %d requests, want 1", requests)
-	}
-	if !lease().Spec.RenewTime.After(before) {
-		t.Error("the renewal did not move the renew time on")
-	}
-
-	// Someone labels the Lease: still ours, renewed on the fresh copy.
-	l := lease()
-	l.Labels = map[string]string{"team": "sre"}
-	if err := c.Update(ctx, l); err != nil {
-		t.Fatal(err)
-	}
-	if err := lock.renew(ctx); err != nil {
-		t.Fatalf("renew after another write: %v", err)
-	}
-	if got := lease(); got.Labels["team"] != "sre" {
-		t.Errorf("the renewal overwrote another's write: %v", got.Labels)
-	}
-
-	// Another run takes it over: lost.
-	l = lease()
-	other := "ci@runner/pid-9"
-	l.Spec.HolderIdentity = &other
-	if err := c.Update(ctx, l); err != nil {
-		t.Fatal(err)
-	}
-	if err := lock.renew(ctx); !apierrors.IsConflict(err) {
-		t.Errorf("renew of a Lease another run holds: %v, want a conflict", err)
-	}
-}
 
 // heldLease puts a Lease held by another run in place, its renew time 20 s
 // in the past by this machine's clock (the holder's clock is behind), with a
@@ -124,7 +27,7 @@ func heldLease(t *testing.T, ctx context.Context, c client.Client, d time.Durati
 	t.Helper()
 	stale := metav1.NewMicroTime(time.Now().Add(-20 * time.Second))
 	lease := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: LeaseName("demo")},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: runlock.LeaseName("demo")},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("ci@runner/pid-1-abcde"), RenewTime: &stale,
 			LeaseDurationSeconds: ptr.To(int32(d / time.Second))},
 	}
@@ -149,7 +52,7 @@ func renewing(c client.Client) (stop func()) {
 			}
 			_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 				l := &coordinationv1.Lease{}
-				if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: LeaseName("demo")}, l); err != nil {
+				if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: runlock.LeaseName("demo")}, l); err != nil {
 					return err
 				}
 				// Any write is a renewal to an observer.
@@ -254,7 +157,7 @@ func TestKeepRidesOutOneSlowRenewal(t *testing.T) {
 	}
 	// Sent at 2 s (slow, done at 8 s), then at 10 s and 12 s.
 	if n := updates.Load(); n < 3 {
-		t.Errorf("%d renewals in 14 s, want one every %s after the slow one", n, RetryPeriod)
+		t.Errorf("%d renewals in 14 s, want one every %s after the slow one", n, runlock.RetryPeriod)
 	}
 }
 
@@ -275,7 +178,7 @@ func TestHungRenewalFencesWrites(t *testing.T) {
 			return c.Update(ctx, obj, opts...)
 		},
 	}).Build()
-	fence := &Fence{Namespace: "default", Lease: LeaseName("demo")}
+	fence := &Fence{Namespace: "default", Lease: runlock.LeaseName("demo")}
 	cp := New(c, "default", "demo")
 	cp.Fence = fence
 	var sent []string
@@ -308,8 +211,8 @@ func TestHungRenewalFencesWrites(t *testing.T) {
 	}
 	select {
 	case err := <-lost:
-		if took := time.Since(taken); took < RenewDeadline-time.Second || took > RenewDeadline+RetryPeriod {
-			t.Errorf("lost after %s, want at the renew deadline (%s)", took.Round(time.Millisecond), RenewDeadline)
+		if took := time.Since(taken); took < runlock.RenewDeadline-time.Second || took > runlock.RenewDeadline+runlock.RetryPeriod {
+			t.Errorf("lost after %s, want at the renew deadline (%s)", took.Round(time.Millisecond), runlock.RenewDeadline)
 		}
 		if exitcode.Of(lock.Held()) != exitcode.Locked {
 			t.Errorf("Held after the loss: %v (lost: %v)", lock.Held(), err)
@@ -343,22 +246,3 @@ func TestHungRenewalFencesWrites(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
-// TestWhoDiffersPerProcess: two processes with the same user, host name and
-// PID (containers) still name different holders (who is what each process
-// computes once), and one process always names itself the same.
-func TestWhoDiffersPerProcess(t *testing.T) {
-	if Who() != Who() {
-		t.Fatalf("Who changed within one process: %s, %s", Who(), Who())
-	}
-	if !regexp.MustCompile(`^.+@.*/pid-\d+-[a-z0-9]{5}$`).MatchString(Who()) {
-		t.Errorf("Who() = %q, want user@host/pid-N-random", Who())
-	}
-	seen := map[string]bool{}
-	for range 20 {
-		seen[who()] = true
-	}
-	if len(seen) != 20 {
-		t.Errorf("20 identities computed on one host with one PID: %d distinct, want 20", len(seen))
-	}
-}

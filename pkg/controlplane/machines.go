@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -22,6 +21,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg/desiredstate"
+
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 )
 
 // kcpManager is KCP's server-side-apply field manager. Replacements are applied
@@ -66,7 +67,7 @@ func (c *Client) createMachine(ctx context.Context, templates client.Client, kcp
 	cleanup := func(cause error) error {
 		// The pieces go even when the run was stopped (the cause may be
 		// that), but not for longer than a stopping run may take.
-		cleanupCtx, cancel := CleanupContext(ctx)
+		cleanupCtx, cancel := runlock.CleanupContext(ctx)
 		defer cancel()
 		errs := []error{cause}
 		for _, obj := range created {
@@ -103,7 +104,7 @@ func (c *Client) createMachine(ctx context.Context, templates client.Client, kcp
 		// The apply may have gone through before its answer was lost (a
 		// cancelled or timed-out call): then the pieces belong to a Machine and
 		// must stay.
-		readCtx, cancel := CleanupContext(ctx)
+		readCtx, cancel := runlock.CleanupContext(ctx)
 		exists := c.c.Get(readCtx, client.ObjectKeyFromObject(machine), &clusterv1.Machine{})
 		cancel()
 		if exists == nil {
@@ -112,17 +113,6 @@ func (c *Client) createMachine(ctx context.Context, templates client.Client, kcp
 		return nil, cleanup(fmt.Errorf("creating Machine %s: %w", machine.Name, err))
 	}
 	return machine, nil
-}
-
-// CleanupTimeout bounds what a stopping run still does on its way out:
-// release the Lease, undo a pause it cannot keep, delete the pieces of a
-// machine it did not finish creating. A Ctrl-C against an unreachable API
-// server must not hang until a second signal.
-const CleanupTimeout = 10 * time.Second
-
-// CleanupContext is ctx without its cancellation, bounded by CleanupTimeout.
-func CleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
 }
 
 // applyAsKCP server-side applies obj with KCP's field manager and reads the

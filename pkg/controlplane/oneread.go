@@ -151,6 +151,19 @@ func (r *oneRead) list(ctx context.Context, gvk schema.GroupVersionKind) {
 	}
 }
 
+// served remembers u, of kind gvk, as already read, and its kind as listed:
+// a Get of that kind is served from what is remembered or read on its own.
+func (r *oneRead) served(gvk schema.GroupVersionKind, u *unstructured.Unstructured) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lists[gvk] == nil {
+		listed := new(sync.Once)
+		listed.Do(func() {})
+		r.lists[gvk] = listed
+	}
+	r.objects[readKey{gvk: gvk, key: client.ObjectKeyFromObject(u)}] = u
+}
+
 func (r *oneRead) remembered(at readKey) *unstructured.Unstructured {
 	r.mu.Lock()
 	defer r.mu.Unlock()

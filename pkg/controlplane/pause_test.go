@@ -11,6 +11,8 @@ import (
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 )
 
 // TestPauseWaitsOutAStalePausedCondition plays the KCP controller right after
@@ -52,7 +54,7 @@ func TestPauseWaitsOutAStalePausedCondition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cp.Pause(ctx, readCluster, readKCP, Record{Operation: "upgrade", Target: "v1.36.3", Who: "test"}, 30*time.Second, any); err != nil {
+	if _, err := cp.Pause(ctx, readCluster, readKCP, record.Record{Operation: "upgrade", Target: "v1.36.3", Who: "test"}, 30*time.Second, any); err != nil {
 		t.Fatal(err)
 	}
 	// Pause may see Paused=True before the stand-in's write has returned to it;

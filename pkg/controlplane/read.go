@@ -16,7 +16,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 
 	"golang.org/x/sync/errgroup"
 
@@ -59,14 +58,6 @@ type Client struct {
 	// Fence, when set, is armed with the lock Acquire takes, so every write
 	// through the clients it wraps needs that lock held.
 	Fence *Fence
-
-	// last is the latest snapshot Read returned and the objects it was built
-	// from, so WithKCP projects that snapshot onto the very same objects.
-	mu   sync.Mutex
-	last struct {
-		cp    *kcpstate.ControlPlane
-		reads *oneRead
-	}
 }
 
 // New returns a Client for the cluster namespace/name. Only CRD metadata is
@@ -121,9 +112,6 @@ func (c *Client) Read(ctx context.Context) (*kcpstate.ControlPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading control plane of %s/%s: %w", c.Namespace, c.Cluster, err)
 	}
-	c.mu.Lock()
-	c.last.cp, c.last.reads = cp, reads
-	c.mu.Unlock()
 	return cp, nil
 }
 
@@ -154,28 +142,34 @@ func (c *Client) ReadKCP(ctx context.Context) (*clusterv1.Cluster, *controlplane
 
 // WithKCP returns KCP's view of the same machines as if the KubeadmControlPlane
 // were want: which machines a new version or configuration makes outdated,
-// before anything is written. When cp is the snapshot this Client read last,
-// the projection is built from the InfraMachines and KubeadmConfigs that
-// snapshot read, not from a second read of them.
+// before anything is written. The projection is built from the very
+// InfraMachines and KubeadmConfigs cp was built from (see readsOf).
 func (c *Client) WithKCP(ctx context.Context, cp *kcpstate.ControlPlane, want *controlplanev1.KubeadmControlPlane) (*kcpstate.ControlPlane, error) {
 	return kcpstate.NewControlPlane(ctx, nil, c.readsOf(cp), cp.Cluster, want, cp.Machines)
 }
 
-// readsOf serves the objects snapshot cp was built from when it is the one
-// this Client read last, and reads afresh otherwise.
+// readsOf serves the InfraMachines and KubeadmConfigs snapshot cp was built
+// from, which KCP's NewControlPlane keeps in it, and reads anything else (an
+// InfraMachineTemplate) live: what is decided on cp is decided on cp's own
+// objects, whichever snapshot was read after it.
 func (c *Client) readsOf(cp *kcpstate.ControlPlane) *oneRead {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.last.cp == cp {
-		return c.last.reads
+	r := newOneRead(c.c, cp.Cluster, cp.Machines)
+	for _, infra := range cp.InfraResources {
+		r.served(infra.GroupVersionKind(), infra)
 	}
-	return newOneRead(c.c, cp.Cluster, cp.Machines)
+	configGVK := bootstrapv1.GroupVersion.WithKind("KubeadmConfig")
+	for _, config := range cp.KubeadmConfigs {
+		if u, err := toUnstructured(config, configGVK); err == nil {
+			r.served(configGVK, u)
+		}
+	}
+	return r
 }
 
 // InfraKinds names the KubeadmControlPlane's InfraMachineTemplate and the
 // kinds of cp's InfraMachines, each at the API version Cluster API reads it
-// in: what the watches of a run cache (changes.Scope). The template is the
-// one cp's snapshot read, when it is this Client's last.
+// in: what the watches of a run cache (changes.Scope). The template is read
+// live; the InfraMachines are cp's.
 func (c *Client) InfraKinds(ctx context.Context, cp *kcpstate.ControlPlane) (template schema.GroupVersionKind, machines []schema.GroupVersionKind, err error) {
 	tmpl, err := external.GetObjectFromContractVersionedRef(ctx, c.readsOf(cp), cp.KCP.Spec.MachineTemplate.Spec.InfrastructureRef, cp.KCP.Namespace)
 	if err != nil {

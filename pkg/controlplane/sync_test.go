@@ -16,6 +16,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/test/builder"
+
+	"github.com/cp-rollout/cp-rollout/pkg/inplace"
 )
 
 // TestSyncMachine: on a real API server, machines made as KCP makes them, then
@@ -88,11 +90,11 @@ func TestSyncMachine(t *testing.T) {
 	}
 	// No webhook runs here: an unset node deletion timeout reads as the
 	// 10s the Machine webhook stores.
-	if got := strings.Join(InPlaceDrift(before, before.Machines[going]), ", "); got !=
+	if got := strings.Join(inplace.Drift(before, before.Machines[going]), ", "); got !=
 		"nodeDrainTimeoutSeconds unset → 600s, nodeVolumeDetachTimeoutSeconds unset → 300s, nodeDeletionTimeoutSeconds 10s → 20s" {
 		t.Errorf("drift of the deleting machine: %s", got)
 	}
-	if got := strings.Join(InPlaceDrift(before, before.Machines[staying]), ", "); got !=
+	if got := strings.Join(inplace.Drift(before, before.Machines[staying]), ", "); got !=
 		"label tier=gold, annotation example.com/note, nodeDrainTimeoutSeconds unset → 600s, nodeVolumeDetachTimeoutSeconds unset → 300s, "+
 			"nodeDeletionTimeoutSeconds 10s → 20s, readiness gate Example, InfraMachine label tier=gold, InfraMachine annotation example.com/note, "+
 			"KubeadmConfig label tier=gold, KubeadmConfig annotation example.com/note" {
@@ -100,7 +102,7 @@ func TestSyncMachine(t *testing.T) {
 	}
 	after := syncAll(ctx, t, cp, before)
 	for _, m := range after.Machines {
-		if drift := InPlaceDrift(after, m); len(drift) > 0 {
+		if drift := inplace.Drift(after, m); len(drift) > 0 {
 			t.Errorf("machine %s still differs after the sync: %v", m.Name, drift)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 )
 
 // startAPIServer is apiServer with a Cluster demo
@@ -38,7 +39,7 @@ func startAPIServer(t *testing.T, ctx context.Context, annotations map[string]st
 }
 
 // pausedByThisTool are the annotations of a KCP a run paused and left so.
-var pausedByThisTool = map[string]string{clusterv1.PausedAnnotation: "true", RecordAnnotation: `{"operation":"upgrade","target":"v1.36.3"}`}
+var pausedByThisTool = map[string]string{clusterv1.PausedAnnotation: "true", record.Annotation: `{"operation":"upgrade","target":"v1.36.3"}`}
 
 // reportPaused plays KCP: it sets kcp's Paused condition, as only KCP does.
 func reportPaused(t *testing.T, ctx context.Context, c client.Client, kcp *controlplanev1.KubeadmControlPlane, status metav1.ConditionStatus) {

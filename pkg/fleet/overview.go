@@ -16,7 +16,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
@@ -36,10 +37,10 @@ type Row struct {
 	UpToDate int32 `json:"upToDate"`
 	Paused   bool  `json:"paused"`
 	// PausedByUs is true when the pause carries this tool's operation record.
-	PausedByUs    bool                 `json:"pausedByUs"`
-	Lock          *rollout.LockStatus  `json:"lock,omitempty"`
-	Operation     *controlplane.Record `json:"operation,omitempty"`
-	LastOperation *controlplane.Record `json:"lastOperation,omitempty"`
+	PausedByUs    bool                `json:"pausedByUs"`
+	Lock          *rollout.LockStatus `json:"lock,omitempty"`
+	Operation     *record.Record      `json:"operation,omitempty"`
+	LastOperation *record.Record      `json:"lastOperation,omitempty"`
 	// Acting is who changes the control plane's machines now (as status
 	// CLUSTER says it); nil when the KubeadmControlPlane was not read.
 	Acting *rollout.ActingStatus `json:"acting,omitempty"`
@@ -99,7 +100,7 @@ func Overview(ctx context.Context, l *Lister, scope Scope) ([]Row, error) {
 	g.Go(func() error {
 		err := listEach(gctx, l, collection{gv: coordinationv1.SchemeGroupVersion, resource: "leases", namespace: scope.Namespace},
 			func(lease *coordinationv1.Lease) {
-				if name, ok := strings.CutPrefix(lease.Name, controlplane.LeaseName("")); ok {
+				if name, ok := strings.CutPrefix(lease.Name, runlock.LeaseName("")); ok {
 					leases[Cluster{Namespace: lease.Namespace, Name: name}] = rollout.LockOf(lease, now)
 				}
 			})
@@ -151,12 +152,12 @@ func summarize(kcp *controlplanev1.KubeadmControlPlane) *kcpSummary {
 	r.Version, r.Replicas = kcp.Spec.Version, ptr.Deref(kcp.Spec.Replicas, 1)
 	r.Machines, r.UpToDate = ptr.Deref(kcp.Status.Replicas, 0), ptr.Deref(kcp.Status.UpToDateReplicas, 0)
 	_, r.Paused = kcp.Annotations[clusterv1.PausedAnnotation]
-	rec, err := controlplane.RecordOf(kcp)
+	rec, err := record.Of(kcp)
 	if err != nil {
 		r.Problem = err.Error()
 	}
 	r.Operation, r.PausedByUs = rec, r.Paused && rec != nil
-	r.LastOperation = controlplane.LastOf(kcp)
+	r.LastOperation = record.LastOf(kcp)
 	return s
 }
 

@@ -17,6 +17,8 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/apiservertest"
 )
@@ -48,15 +50,15 @@ func TestSelectAndOverviewReadTheFleetFromTheManagementCluster(t *testing.T) {
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "inert-2-control-plane"}, kcp); err != nil {
 		t.Fatal(err)
 	}
-	record, _ := json.Marshal(controlplane.Record{Operation: "upgrade", Target: "v1.36.3", Who: "alice@ops/pid-1", Started: time.Now()})
+	raw, _ := json.Marshal(record.Record{Operation: "upgrade", Target: "v1.36.3", Who: "alice@ops/pid-1", Started: time.Now()})
 	patch := client.MergeFrom(kcp.DeepCopy())
-	kcp.Annotations = map[string]string{clusterv1.PausedAnnotation: "", controlplane.RecordAnnotation: string(record)}
+	kcp.Annotations = map[string]string{clusterv1.PausedAnnotation: "", record.Annotation: string(raw)}
 	kcp.Spec.Version = "v1.36.3"
 	if err := c.Patch(ctx, kcp, patch); err != nil {
 		t.Fatal(err)
 	}
 	lease := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: controlplane.LeaseName("inert-2")},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: runlock.LeaseName("inert-2")},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("alice@ops/pid-1"), LeaseDurationSeconds: ptr.To(int32(15)),
 			RenewTime: &metav1.MicroTime{Time: time.Now()}},
 	}

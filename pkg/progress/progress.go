@@ -29,6 +29,17 @@ const (
 	Failed  Phase = "failed"
 )
 
+// The events that close a run's stream, besides the steps' own (rollout's
+// Action constants): docs/output.md documents each.
+const (
+	// SummaryAction ends a finished run, with every step's time.
+	SummaryAction = "summary"
+	// ErrorAction ends the output of a failed run.
+	ErrorAction = "error"
+	// FleetAction ends a run over several clusters, with each one's result.
+	FleetAction = "fleet"
+)
+
 // Event is one progress report. Its JSON form is a stable, documented
 // interface for scripts: fields are only ever added.
 type Event struct {
@@ -75,7 +86,7 @@ type Failure struct {
 
 // WriteFailure writes f, as action "error" and phase "failed", on one line.
 func WriteFailure(w io.Writer, f Failure) error {
-	f.Action, f.Phase = "error", Failed
+	f.Action, f.Phase = ErrorAction, Failed
 	return json.NewEncoder(w).Encode(f)
 }
 
@@ -155,7 +166,7 @@ func (r *jsonReporter) Summary(run Event, steps []StepTime) {
 	for i := range steps {
 		steps[i].Ms = steps[i].Duration.Milliseconds()
 	}
-	run.Action, run.Phase = "summary", Done
+	run.Action, run.Phase = SummaryAction, Done
 	_ = r.enc.Encode(struct {
 		Event
 		Steps []StepTime `json:"steps"`

@@ -14,7 +14,7 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
@@ -77,7 +77,7 @@ func TestFailedRunLeavesAnExplainedPause(t *testing.T) {
 	}
 	var js struct {
 		ControlPlane struct{ State string }
-		Operation    *controlplane.Record
+		Operation    *record.Record
 	}
 	if r := e.Plugin(t, ctx, "status", "demo", "-o", "json"); json.Unmarshal([]byte(r.Stdout), &js) != nil ||
 		js.Operation == nil || js.Operation.LastFailure == nil || js.Operation.LastFailure.ExitCode != 3 || !strings.Contains(js.ControlPlane.State, "last run failed: ") {
@@ -110,7 +110,7 @@ func TestFailedRunLeavesAnExplainedPause(t *testing.T) {
 		t.Fatalf("re-run with --on-failure handback: exit %d, stderr:\n%s", r.Code, simtest.Tail(r.Stderr, 15))
 	}
 	kcp := kcpOf(t, e)
-	if _, paused := kcp.Annotations[clusterv1.PausedAnnotation]; paused || kcp.Annotations[controlplane.RecordAnnotation] != "" {
+	if _, paused := kcp.Annotations[clusterv1.PausedAnnotation]; paused || kcp.Annotations[record.Annotation] != "" {
 		t.Errorf("after --on-failure handback the KubeadmControlPlane still carries %v", kcp.Annotations)
 	}
 }

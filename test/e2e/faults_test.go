@@ -12,7 +12,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
@@ -159,7 +160,7 @@ func TestLeaseLostMidRun(t *testing.T) {
 	run := e.StartPlugin(t, "upgrade", "demo", "--version", to, "-o", "json")
 	run.Until(t, isAction("await-join", "waiting"))
 	lease := &coordinationv1.Lease{}
-	key := client.ObjectKey{Namespace: e.Sim.ClusterKey().Namespace, Name: controlplane.LeaseName("demo")}
+	key := client.ObjectKey{Namespace: e.Sim.ClusterKey().Namespace, Name: runlock.LeaseName("demo")}
 	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if err := e.Sim.ManagementClient().Get(ctx, key, lease); err != nil {
 			return err
@@ -174,11 +175,11 @@ func TestLeaseLostMidRun(t *testing.T) {
 	if code != 5 || !strings.Contains(run.Stderr(), "lost the lock") {
 		t.Fatalf("exit %d, stderr %q: want 5 saying the lock was lost", code, run.Stderr())
 	}
-	if took := time.Since(taken); took > 2*controlplane.LeaseDuration/3+5*time.Second {
+	if took := time.Since(taken); took > 2*runlock.LeaseDuration/3+5*time.Second {
 		t.Errorf("stopped %s after losing the lock", took.Round(time.Second))
 	}
 	kcp := kcpOf(t, e)
-	if _, ok := kcp.Annotations[controlplane.RecordAnnotation]; !ok {
+	if _, ok := kcp.Annotations[record.Annotation]; !ok {
 		t.Errorf("the KCP lost its operation record: %v", kcp.Annotations)
 	}
 	breakLock(t, e)

@@ -13,7 +13,7 @@ import (
 
 	"sigs.k8s.io/cluster-api/util/secret"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
@@ -26,7 +26,7 @@ type env = simtest.Env
 // to be dead, so the next run need not wait for the Lease to expire.
 func breakLock(t *testing.T, e *env) {
 	t.Helper()
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: e.Sim.ClusterKey().Namespace, Name: controlplane.LeaseName("demo")}}
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: e.Sim.ClusterKey().Namespace, Name: runlock.LeaseName("demo")}}
 	if err := e.Sim.ManagementClient().Delete(context.Background(), lease); client.IgnoreNotFound(err) != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
@@ -223,12 +223,12 @@ func TestKillBetweenMemberRemovalAndRelease(t *testing.T) {
 	// Lease, says whose it is and that it waits, and takes it over only once
 	// it has gone its whole duration unrenewed under its own eyes.
 	lease := &coordinationv1.Lease{}
-	if err := e.Sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: req.Namespace, Name: controlplane.LeaseName("demo")}, lease); err != nil {
+	if err := e.Sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: req.Namespace, Name: runlock.LeaseName("demo")}, lease); err != nil {
 		t.Fatal(err)
 	}
 	holder := ptr.Deref(lease.Spec.HolderIdentity, "")
 	if !strings.Contains(holder, "/pid-") {
-		t.Fatalf("after the kill the Lease is %s: want it still held by the dead run", controlplane.Holder(lease))
+		t.Fatalf("after the kill the Lease is %s: want it still held by the dead run", runlock.Holder(lease))
 	}
 	began := time.Now()
 	r := e.Plugin(t, ctx, "upgrade", "demo", "--version", to)
@@ -239,8 +239,8 @@ func TestKillBetweenMemberRemovalAndRelease(t *testing.T) {
 	if !strings.Contains(r.Stderr, "await-lock") || !strings.Contains(r.Stderr, holder) {
 		t.Errorf("the re-run did not say it waited for %s's lock:\n%s", holder, r.Stderr)
 	}
-	if took := time.Since(began); took < controlplane.LeaseDuration {
-		t.Errorf("the re-run finished %s after it started: it cannot have watched the dead run's Lease for %s", took.Round(time.Second), controlplane.LeaseDuration)
+	if took := time.Since(began); took < runlock.LeaseDuration {
+		t.Errorf("the re-run finished %s after it started: it cannot have watched the dead run's Lease for %s", took.Round(time.Second), runlock.LeaseDuration)
 	}
 	assertConverged(t, e, 3, to)
 }

@@ -13,7 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
@@ -50,7 +50,7 @@ func TestSecondRunLockedSameHostAndPID(t *testing.T) {
 	first.Until(t, isAction("create", "done"))
 
 	lease := &coordinationv1.Lease{}
-	if err := e.Sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: e.Sim.ClusterKey().Namespace, Name: controlplane.LeaseName("demo")}, lease); err != nil {
+	if err := e.Sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: e.Sim.ClusterKey().Namespace, Name: runlock.LeaseName("demo")}, lease); err != nil {
 		t.Fatal(err)
 	}
 	holder := ptr.Deref(lease.Spec.HolderIdentity, "")
@@ -82,12 +82,12 @@ func TestSecondRunLockedSkewedClock(t *testing.T) {
 	defer cancel()
 	const holder = "ops@bastion/pid-4242-skew0"
 	c := e.Sim.ManagementClient()
-	key := client.ObjectKey{Namespace: e.Sim.ClusterKey().Namespace, Name: controlplane.LeaseName("demo")}
+	key := client.ObjectKey{Namespace: e.Sim.ClusterKey().Namespace, Name: runlock.LeaseName("demo")}
 	behind := func() *metav1.MicroTime { t := metav1.NewMicroTime(time.Now().Add(-20 * time.Second)); return &t }
 	if err := c.Create(ctx, &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), RenewTime: behind(),
-			LeaseDurationSeconds: ptr.To(int32(controlplane.LeaseDuration / time.Second))},
+			LeaseDurationSeconds: ptr.To(int32(runlock.LeaseDuration / time.Second))},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -132,10 +132,10 @@ func TestSecondRunLockedSkewedClock(t *testing.T) {
 	if r.Code != 0 || !strings.Contains(r.Stdout, "released the lock held by "+holder) {
 		t.Fatalf("handback once the holder stopped: exit %d, stdout %q", r.Code, r.Stdout)
 	}
-	if r.Took < controlplane.LeaseDuration {
-		t.Errorf("handback broke the lock %s after it started, before it could have watched it for %s", r.Took.Round(time.Second), controlplane.LeaseDuration)
+	if r.Took < runlock.LeaseDuration {
+		t.Errorf("handback broke the lock %s after it started, before it could have watched it for %s", r.Took.Round(time.Second), runlock.LeaseDuration)
 	}
 	if err := c.Get(ctx, key, lease); err == nil {
-		t.Errorf("the Lease is still there after handback: %s", controlplane.Holder(lease))
+		t.Errorf("the Lease is still there after handback: %s", runlock.Holder(lease))
 	}
 }

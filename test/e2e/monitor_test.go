@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/test/builder"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/pkg/sim"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
@@ -332,7 +332,7 @@ func assertConverged(t *testing.T, e *env, replicas int, version string) {
 		t.Errorf("KCP still paused: %v", kcp.Annotations)
 	}
 	for k := range kcp.Annotations {
-		if strings.HasPrefix(k, "cp-rollout.") && k != controlplane.LastOperationAnnotation {
+		if strings.HasPrefix(k, "cp-rollout.") && k != record.LastAnnotation {
 			t.Errorf("KCP still carries %s", k)
 		}
 	}

@@ -102,7 +102,7 @@ func TestMoveLeaderFallsBackToNextCandidate(t *testing.T) {
 	if leader == "" {
 		t.Fatalf("no machine's member leads: %+v", members)
 	}
-	p, err := engine.Prepare(ctx, rollout.Request{Operation: "replace", Replace: leader, MaxSurge: -1})
+	p, err := engine.Prepare(ctx, rollout.Request{Operation: "replace", Replace: leader, MaxSurge: -1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
@@ -80,7 +80,7 @@ func TestPolicyRejectedTargetIsHandedBack(t *testing.T) {
 	}
 	kcp := kcpOf(t, e)
 	for k := range kcp.Annotations {
-		if k == clusterv1.PausedAnnotation || (strings.HasPrefix(k, "cp-rollout.") && k != controlplane.LastOperationAnnotation) {
+		if k == clusterv1.PausedAnnotation || (strings.HasPrefix(k, "cp-rollout.") && k != record.LastAnnotation) {
 			t.Errorf("KCP still carries %s after the rejected run", k)
 		}
 	}

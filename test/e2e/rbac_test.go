@@ -20,7 +20,7 @@ import (
 
 	"github.com/cp-rollout/cp-rollout/deploy/rbac"
 	"github.com/cp-rollout/cp-rollout/pkg/access"
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
@@ -67,9 +67,9 @@ func TestLeastPrivilege(t *testing.T) {
 		{operator, "update", "leases", "capi-system", "", false},
 		{operator, "create", "leases", "capi-system", "", false},
 		{operator, "delete", "leases", "capi-kubeadm-control-plane-system", "", false},
-		{viewer, "update", "leases", "default", controlplane.LeaseName("demo"), false},
-		{operator, "update", "leases", "default", controlplane.LeaseName("demo"), true},
-		{operator, "update", "leases", "default", controlplane.LeaseName("other"), false},
+		{viewer, "update", "leases", "default", runlock.LeaseName("demo"), false},
+		{operator, "update", "leases", "default", runlock.LeaseName("demo"), true},
+		{operator, "update", "leases", "default", runlock.LeaseName("other"), false},
 		{viewer, "get", "secrets", "default", "demo-kubeconfig", false},
 		{viewer, "get", "secrets", "default", "demo-etcd", false},
 		{operator, "get", "secrets", "default", "demo-etcd", true},
@@ -123,7 +123,7 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 	assertUnchanged(t, before, versions(t, e))
 	lease := &coordinationv1.Lease{}
-	if err := e.Sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: "default", Name: controlplane.LeaseName("demo")}, lease); !apierrors.IsNotFound(err) {
+	if err := e.Sim.ManagementClient().Get(ctx, client.ObjectKey{Namespace: "default", Name: runlock.LeaseName("demo")}, lease); !apierrors.IsNotFound(err) {
 		t.Errorf("the refused upgrade left a Lease (%v)", err)
 	}
 

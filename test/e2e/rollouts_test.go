@@ -15,7 +15,7 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
@@ -42,9 +42,9 @@ func setAPIServerArg(t *testing.T, e *env, name, value string) {
 }
 
 // lastRecord is the record the KCP keeps of the operation that last finished.
-func lastRecord(t *testing.T, e *env) *controlplane.Record {
+func lastRecord(t *testing.T, e *env) *record.Record {
 	t.Helper()
-	rec := controlplane.LastOf(kcpOf(t, e))
+	rec := record.LastOf(kcpOf(t, e))
 	if rec == nil {
 		t.Fatal("no record of the last operation on the KCP")
 	}
@@ -174,7 +174,7 @@ func TestRolloutOfExpiringCertificates(t *testing.T) {
 				t.Fatalf("%v of a pause: exit %d, want 0 saying %q\n%s\n%s", undo.args, r.Code, says, r.Stdout, simtest.Tail(r.Stderr, 5))
 			}
 		}
-		if kcp := kcpOf(t, e); kcp.Annotations[clusterv1.PausedAnnotation] != "" || kcp.Annotations[controlplane.RecordAnnotation] != "" {
+		if kcp := kcpOf(t, e); kcp.Annotations[clusterv1.PausedAnnotation] != "" || kcp.Annotations[record.Annotation] != "" {
 			t.Fatalf("%v left the KCP paused: %v", undo.args, kcp.Annotations)
 		}
 	}
