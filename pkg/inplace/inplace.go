@@ -16,6 +16,7 @@ package inplace
 
 import (
 	"fmt"
+	"k8s.io/utils/ptr"
 	"slices"
 	"sort"
 	"strconv"
@@ -26,7 +27,6 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg/desiredstate"
-	coreadmission "sigs.k8s.io/cluster-api/core/webhooks/admission"
 )
 
 // Drift names each in-place-mutable field in which m, with its
@@ -98,7 +98,7 @@ func SyncedDeleting(kcp *controlplanev1.KubeadmControlPlane, m *clusterv1.Machin
 	deletion := kcp.Spec.MachineTemplate.Spec.Deletion
 	synced.Spec.Deletion.NodeDrainTimeoutSeconds = deletion.NodeDrainTimeoutSeconds
 	synced.Spec.Deletion.NodeDeletionTimeoutSeconds = deletion.NodeDeletionTimeoutSeconds
-	coreadmission.DefaultMachineNodeDeletionTimeoutSeconds(synced)
+	defaultNodeDeletionTimeout(synced)
 	synced.Spec.Deletion.NodeVolumeDetachTimeoutSeconds = deletion.NodeVolumeDetachTimeoutSeconds
 	synced.Spec.Taints = kcp.Spec.MachineTemplate.Spec.Taints
 	return synced
@@ -110,7 +110,7 @@ func SyncedDeleting(kcp *controlplanev1.KubeadmControlPlane, m *clusterv1.Machin
 func deletionDrift(kcp *controlplanev1.KubeadmControlPlane, m, synced *clusterv1.Machine, deleting bool) []string {
 	spec := kcp.Spec.MachineTemplate.Spec.Deletion
 	have := m.DeepCopy()
-	coreadmission.DefaultMachineNodeDeletionTimeoutSeconds(have) // stored machines always have one
+	defaultNodeDeletionTimeout(have) // stored machines always have one
 	var drift []string
 	for _, f := range []struct {
 		name       string
@@ -154,4 +154,19 @@ func taintString(t clusterv1.MachineTaint) string {
 		s += "=" + t.Value
 	}
 	return s + ":" + string(t.Effect)
+}
+
+// defaultNodeDeletionTimeoutSeconds is the Machine webhook's default.
+const defaultNodeDeletionTimeoutSeconds = int32(10)
+
+// defaultNodeDeletionTimeout defaults m's node deletion timeout as Cluster
+// API's Machine webhook does (admission.DefaultMachineNodeDeletionTimeoutSeconds).
+// It is written here, not imported: that package links the webhooks' CEL
+// and apiserver validation and OpenTelemetry, 9 MB of the release binary, for
+// these three lines. TestDefaultNodeDeletionTimeoutIsTheWebhooks holds it to
+// Cluster API's.
+func defaultNodeDeletionTimeout(m *clusterv1.Machine) {
+	if m.Spec.Deletion.NodeDeletionTimeoutSeconds == nil {
+		m.Spec.Deletion.NodeDeletionTimeoutSeconds = ptr.To(defaultNodeDeletionTimeoutSeconds)
+	}
 }
