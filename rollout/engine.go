@@ -219,10 +219,6 @@ type Engine struct {
 	Timeouts Timeouts
 	// Requests, when set, counts the run's round trips for its summary.
 	Requests func() progress.Requests
-	// Connected is the control plane as read live while connecting. The
-	// engine never reads it: the caller passes it to the first look of a
-	// verb (Prepare, Status, ReadFirst).
-	Connected *kcpstate.ControlPlane
 
 	// What follows is the run's memory across snapshots, each the run's own
 	// account of what it did: no snapshot is kept here; each decision is

@@ -18,31 +18,33 @@ import (
 // changeOptions are what the verbs that change a control plane (upgrade,
 // scale, replace, rollout, restart) share: they differ only in the request.
 type changeOptions struct {
-	requestOptions
-	waitLimits
-	DryRun bool
+	req  requestOptions
+	wait waitLimits
+	// limits and consent are for a run over -l/-A: how many clusters at
+	// once, and the confirmation that -A without -l needs.
+	limits  fleetLimits
+	consent confirmation
+	DryRun  bool
 	// OnFailure is what a failed run (exit 3 or 4) does with its pause:
 	// stay (a re-run resumes) or handback (to KCP, when no machine is in
 	// flight).
-	OnFailure    string
-	Limits       fleetLimits // with -l/-A
-	confirmation             // -A without -l
+	OnFailure string
 	// inFleet marks one cluster's run of a fleet, whose stop is told once
 	// for all.
 	inFleet bool
 }
 
 func newChangeOptions(streams genericiooptions.IOStreams, operation string) changeOptions {
-	return changeOptions{requestOptions: newRequestOptions(streams, operation), waitLimits: newWaitLimits(),
-		Limits: newFleetLimits(), confirmation: newConfirmation(streams), OnFailure: onFailureStay}
+	return changeOptions{req: newRequestOptions(streams, operation), wait: newWaitLimits(),
+		limits: newFleetLimits(), consent: newConfirmation(streams), OnFailure: onFailureStay}
 }
 
 // addFlags adds the flags of a run on one cluster; a verb that also acts on
 // a selection of clusters adds addFleetFlags.
 func (o *changeOptions) addFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
-	o.requestOptions.addFlags(cmd)
-	o.waitLimits.addFlags(f)
+	o.req.addFlags(cmd)
+	o.wait.addFlags(f)
 	f.BoolVar(&o.DryRun, "dry-run", false, "Print the plan (as the plan verb does) and change nothing")
 	f.StringVar(&o.OnFailure, "on-failure", o.OnFailure, "What a run that fails (exit 3 or 4) does with the KubeadmControlPlane's pause: stay (paused with the run's record; re-run to resume) or handback (give it back to KCP, unless a machine is still joining or deleting); the exit code is the failure's either way")
 }
@@ -51,9 +53,9 @@ func (o *changeOptions) addFlags(cmd *cobra.Command) {
 // once, when to stop starting them, and --yes for -A alone. replace names
 // one machine of one cluster and takes none of them.
 func (o *changeOptions) addFleetFlags(f *pflag.FlagSet) {
-	o.addSelectionFlags(f)
-	o.Limits.addFlags(f)
-	o.addYesFlag(f)
+	o.req.sel.addFlags(f)
+	o.limits.addFlags(f)
+	o.consent.addYesFlag(f)
 }
 
 // The values of --on-failure.
@@ -64,25 +66,26 @@ const (
 
 // complete takes the CLUSTER argument and what the flags imply.
 func (o *changeOptions) complete(cmd *cobra.Command, args []string) {
-	o.completeCluster(args)
-	o.Limits.complete(cmd)
+	o.req.conn.completeCluster(args)
+	o.limits.complete(cmd)
+	o.wait.complete()
 }
 
-// validate checks the shared flags; it reads nothing but the options.
+// validate checks the shared flags.
 func (o *changeOptions) validate() error {
-	if err := o.validateSelection(o.Request.Operation); err != nil {
+	if err := validateSelection(o.req.target.Operation, o.req.conn.Cluster, o.req.sel); err != nil {
 		return err
 	}
 	if err := oneOf("on-failure", o.OnFailure, onFailureStay, onFailureHandback); err != nil {
 		return err
 	}
-	if err := o.Limits.validate(o.fleet()); err != nil {
+	if err := o.limits.validate(o.req.sel.fleet()); err != nil {
 		return err
 	}
-	if err := o.requestOptions.validate(); err != nil {
+	if err := o.req.validate(); err != nil {
 		return err
 	}
-	if err := o.waitLimits.validate(); err != nil {
+	if err := o.wait.validate(); err != nil {
 		return err
 	}
 	if o.DryRun {
@@ -90,23 +93,23 @@ func (o *changeOptions) validate() error {
 		// the run would refuse an unproven --kcp-version (runChecks).
 		return nil
 	}
-	if err := o.validateKCPVersion(); err != nil {
+	if err := o.req.conn.validateKCPVersion(); err != nil {
 		return err
 	}
-	return o.validateEveryCluster(o.Request.Operation, &o.selection)
+	return o.consent.validateEveryCluster(o.req.target.Operation, &o.req.sel)
 }
 
-// Run performs the request, or with --dry-run prints its plan, on the named
+// run performs the request, or with --dry-run prints its plan, on the named
 // cluster or on each selected one.
-func (o *changeOptions) Run(ctx context.Context) error {
+func (o *changeOptions) run(ctx context.Context) error {
 	switch {
 	case o.DryRun:
-		_, err := o.printPlans(ctx)
+		_, err := o.req.printPlans(ctx)
 		return err
-	case o.fleet():
+	case o.req.sel.fleet():
 		return o.runFleet(ctx)
 	}
-	reporter := progress.New(o.Output, o.Streams.Out, o.Streams.ErrOut)
+	reporter := progress.New(o.req.Output, o.req.Streams.Out, o.req.Streams.ErrOut)
 	defer reporter.Stop()
 	return o.runOne(ctx, reporter)
 }
@@ -114,10 +117,10 @@ func (o *changeOptions) Run(ctx context.Context) error {
 // runOne performs the request on one cluster, within --timeout.
 func (o *changeOptions) runOne(ctx context.Context, reporter progress.Reporter) error {
 	runCtx := ctx
-	if o.Timeout > 0 {
+	if t := o.wait.Timeout; t > 0 {
 		var cancel context.CancelFunc
-		runCtx, cancel = context.WithTimeoutCause(ctx, o.Timeout,
-			exitcode.Timeoutf("%s %s did not finish within --timeout %s; re-run the same command to continue", o.Request.Operation, o.Cluster, o.Timeout))
+		runCtx, cancel = context.WithTimeoutCause(ctx, t,
+			exitcode.Timeoutf("%s %s did not finish within --timeout %s; re-run the same command to continue", o.req.target.Operation, o.req.conn.Cluster, t))
 		defer cancel()
 	}
 	return o.converge(ctx, runCtx, reporter)
@@ -127,14 +130,15 @@ func (o *changeOptions) runOne(ctx context.Context, reporter progress.Reporter) 
 // rollout loop until the control plane matches it, all within runCtx. What
 // follows a failure is done within ctx: runCtx may be what --timeout ended.
 func (o *changeOptions) converge(ctx, runCtx context.Context, reporter progress.Reporter) error {
-	engine, closeEngine, err := o.connect(runCtx, loopUse(reporter, o.Timeouts))
+	c, err := o.req.conn.connect(runCtx, loopUse(reporter, o.wait.Timeouts))
 	if err != nil {
 		return stopCause(runCtx, err)
 	}
-	defer closeEngine()
-	prepared, err := engine.Prepare(runCtx, o.Request, engine.Connected)
+	defer c.close()
+	engine := c.engine
+	prepared, err := engine.Prepare(runCtx, o.req.target, c.first)
 	if err == nil && prepared.NothingToDo != "" {
-		reporter.Report(progress.Event{Time: time.Now(), Cluster: o.Cluster, Namespace: o.Namespace, Action: o.Request.Operation,
+		reporter.Report(progress.Event{Time: time.Now(), Cluster: o.req.conn.Cluster, Namespace: o.req.conn.Namespace, Action: o.req.target.Operation,
 			Phase: progress.Done, Message: prepared.NothingToDo})
 		return nil
 	}
@@ -161,17 +165,17 @@ func stopCause(runCtx context.Context, err error) error {
 // run's error with what became of the pause: a fleet's table shows that
 // error alone. The exit code stays the failure's.
 func (o *changeOptions) afterFailure(ctx context.Context, engine *rollout.Engine, err error) error {
-	a := engine.AfterFailure(ctx, o.Request, err, o.OnFailure == onFailureHandback)
+	a := engine.AfterFailure(ctx, o.req.target, err, o.OnFailure == onFailureHandback)
 	switch {
 	case len(a.HandedBack) > 0:
 		if !o.inFleet {
 			for _, line := range a.HandedBack {
-				fmt.Fprintln(o.Streams.ErrOut, line)
+				fmt.Fprintln(o.req.Streams.ErrOut, line)
 			}
 		}
 		return exitcode.New(exitcode.Of(err), fmt.Errorf("%w; --on-failure handback: KubeadmControlPlane %s handed back to KCP", err, a.KCP))
 	case a.Paused && !o.inFleet:
-		fmt.Fprintln(o.Streams.ErrOut, a.Hint)
+		fmt.Fprintln(o.req.Streams.ErrOut, a.Hint)
 	}
 	if a.Stayed != "" {
 		return exitcode.New(exitcode.Of(err), fmt.Errorf("%w; --on-failure handback: KubeadmControlPlane %s stays paused: %s", err, a.KCP, a.Stayed))
@@ -183,11 +187,14 @@ func (o *changeOptions) afterFailure(ctx context.Context, engine *rollout.Engine
 type waitLimits struct {
 	Timeout  time.Duration // the whole run; 0: no limit
 	Timeouts rollout.Timeouts
-	NoWait   bool // --no-wait: --handback-timeout 0
+	// handback is --handback-timeout, which complete puts in Timeouts
+	// unless --no-wait makes it 0; validate checks what was given.
+	handback time.Duration
+	NoWait   bool
 }
 
 func newWaitLimits() waitLimits {
-	return waitLimits{Timeouts: rollout.DefaultTimeouts}
+	return waitLimits{Timeouts: rollout.DefaultTimeouts, handback: rollout.DefaultTimeouts.Handback}
 }
 
 func (l *waitLimits) addFlags(f *pflag.FlagSet) {
@@ -197,8 +204,16 @@ func (l *waitLimits) addFlags(f *pflag.FlagSet) {
 	f.DurationVar(&l.Timeouts.Delete, "delete-timeout", l.Timeouts.Delete, "How long a machine may take to be deleted")
 	f.DurationVar(&l.Timeouts.Settle, "settle", l.Timeouts.Settle, "Pause after each new machine turns healthy, before the next step")
 	f.DurationVar(&l.Timeouts.Recovery, "unhealthy-grace", l.Timeouts.Recovery, "How long a machine that was healthy and went bad (a failed probe, a restarting static pod, a member that lost its peers for a moment) may take to recover before the run refuses to go on (exit 3)")
-	f.DurationVar(&l.Timeouts.Handback, "handback-timeout", l.Timeouts.Handback, "How long KCP may take, after the hand-back, to reconcile and agree the rollout is done (its status at the target version, every machine up to date)")
+	f.DurationVar(&l.handback, "handback-timeout", l.handback, "How long KCP may take, after the hand-back, to reconcile and agree the rollout is done (its status at the target version, every machine up to date)")
 	f.BoolVar(&l.NoWait, "no-wait", l.NoWait, "Exit once the control plane is handed back, without waiting for KCP to agree the rollout is done")
+}
+
+// complete makes --no-wait a hand-back timeout of 0.
+func (l *waitLimits) complete() {
+	l.Timeouts.Handback = l.handback
+	if l.NoWait {
+		l.Timeouts.Handback = 0
+	}
 }
 
 func (l *waitLimits) validate() error {
@@ -207,7 +222,7 @@ func (l *waitLimits) validate() error {
 		value time.Duration
 	}{
 		{"timeout", l.Timeout}, {"provision-timeout", l.Timeouts.Provision}, {"health-timeout", l.Timeouts.Health},
-		{"delete-timeout", l.Timeouts.Delete}, {"settle", l.Timeouts.Settle}, {"handback-timeout", l.Timeouts.Handback},
+		{"delete-timeout", l.Timeouts.Delete}, {"settle", l.Timeouts.Settle}, {"handback-timeout", l.handback},
 	} {
 		if d.value < 0 {
 			return exitcode.Usagef("--%s must not be negative, not %s", d.flag, d.value)
@@ -215,9 +230,6 @@ func (l *waitLimits) validate() error {
 	}
 	if l.Timeouts.Recovery <= 0 {
 		return exitcode.Usagef("--unhealthy-grace must be positive, not %s", l.Timeouts.Recovery)
-	}
-	if l.NoWait {
-		l.Timeouts.Handback = 0
 	}
 	return nil
 }

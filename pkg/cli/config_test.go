@@ -120,9 +120,10 @@ func TestConfigurableKeysStillWork(t *testing.T) {
 			!ov.ClusterInfo.InsecureSkipTLSVerify || ov.Timeout != "30s" {
 			t.Errorf("connection flags not applied: %+v", ov)
 		}
-		if o.Output != "json" || o.EtcdEndpoint != "https://{{.NodeIP}}:2379" || o.Timeout != time.Hour ||
-			o.Timeouts.Health != 2*time.Minute || o.Timeouts.Handback != 0 || o.Timeouts.Topology != 15*time.Minute || o.Request.Version != "v1.36.3" {
-			t.Errorf("verb flags not applied: output %q, etcd endpoint %q, timeout %s, timeouts %+v", o.Output, o.EtcdEndpoint, o.Timeout, o.Timeouts)
+		req, wait := o.change.req, o.change.wait
+		if req.Output != "json" || req.conn.EtcdEndpoint != "https://{{.NodeIP}}:2379" || wait.Timeout != time.Hour ||
+			wait.Timeouts.Health != 2*time.Minute || wait.Timeouts.Handback != 0 || wait.Timeouts.Topology != 15*time.Minute || req.target.Version != "v1.36.3" {
+			t.Errorf("verb flags not applied: output %q, etcd endpoint %q, timeout %s, timeouts %+v", req.Output, req.conn.EtcdEndpoint, wait.Timeout, wait.Timeouts)
 		}
 	}
 	args := []string{"upgrade", "demo", "--version", "v1.36.3"}

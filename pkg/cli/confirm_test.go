@@ -180,7 +180,7 @@ func TestHandbackOfSeveralClustersIsConfirmed(t *testing.T) {
 		{selection{Selector: "env=a"}, twoClusters, true, false},
 	} {
 		o := NewHandbackOptions(genericiooptions.IOStreams{In: strings.NewReader(""), Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}})
-		o.selection, o.Yes = tc.sel, tc.yes
+		o.sel, o.consent.Yes = tc.sel, tc.yes
 		err := o.confirmHandback(context.Background(), tc.clusters)
 		if refused := exitcode.Of(err) == exitcode.Usage; refused != tc.refused {
 			t.Errorf("%+v of %d clusters, --yes %v: %v, want refused %v", tc.sel, len(tc.clusters), tc.yes, err, tc.refused)

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 
 	"github.com/cp-rollout/cp-rollout/deploy/rbac"
 	"github.com/cp-rollout/cp-rollout/etcd"
@@ -51,20 +52,18 @@ type managementConfig interface {
 type connection struct {
 	// Management is kubectl's connection flags: the kubeconfig, context,
 	// impersonation and so on.
-	Management managementConfig
-	Cluster    string
-	Namespace  string // empty: the kubeconfig context's namespace
-	// selection is -l/-A instead of Cluster, for the verbs that take it.
-	selection
+	Management   managementConfig
+	Cluster      string
+	Namespace    string // empty: the kubeconfig context's namespace
 	EtcdEndpoint string // direct etcd endpoint template; empty = port-forward
 	KCPVersion   string // overrides detection of the KCP controller's version
 }
 
 // where names the one cluster the verb acts on, and its namespace once
 // resolved (-n, or the kubeconfig's context when connected); empty over a
-// fleet.
-func (c *connection) where() (cluster, namespace string) {
-	if c.fleet() {
+// selection.
+func (c *connection) where(s *selection) (cluster, namespace string) {
+	if s.fleet() {
 		return "", ""
 	}
 	return c.Cluster, c.Namespace
@@ -301,142 +300,201 @@ func viewOnly(warnings io.Writer) engineUse {
 	return use
 }
 
+// connected is what connect built for one cluster.
+type connected struct {
+	engine *rollout.Engine
+	// first is the control plane as connect read it, the verb's first look.
+	first *kcpstate.ControlPlane
+	// close ends the etcd client, the watches and the audit trail, whichever
+	// were started.
+	close func()
+}
+
 // connect builds the rollout engine for one cluster: an uncached management
 // client, the workload client from the cluster's kubeconfig Secret and an etcd
-// client with credentials minted from the cluster's etcd CA.
-func (c *connection) connect(ctx context.Context, use engineUse) (*rollout.Engine, func(), error) {
+// client with credentials minted from the cluster's etcd CA, and for the
+// rollout loop its audit trail and watches.
+func (c *connection) connect(ctx context.Context, use engineUse) (*connected, error) {
+	mc, err := c.connectManagement(ctx, use)
+	if err != nil {
+		return nil, err
+	}
+	engine := &rollout.Engine{ControlPlane: mc.cp, Reporter: use.reporter, Timeouts: use.timeouts, Requests: mc.counted.requests}
+	done := &connected{engine: engine, first: mc.first, close: func() {}}
+	if !mc.workload {
+		// The preflight has said why; the Secrets are not even asked for, so
+		// the audit log shows no refused read of them.
+		return done, nil
+	}
+	wl, members, closeEtcd, err := c.connectWorkload(ctx, mc, use)
+	switch {
+	case err != nil:
+		return nil, err
+	case wl == nil: // handback goes on without a workload cluster it cannot reach
+		return done, nil
+	}
+	engine.Workload, done.close = wl, closeEtcd
+	if members != nil { // nil: external etcd, or handback, which needs none
+		engine.Etcd = members
+	}
+	if !use.loop {
+		return done, nil
+	}
+	trail, watches, closeLoop, err := c.startLoop(ctx, mc, wl)
+	if err != nil {
+		closeEtcd()
+		return nil, err
+	}
+	engine.Reporter, engine.Audit = trail.Reporter(use.reporter), trail
+	engine.Changes = watches
+	engine.Cache = &rollout.Cache{ControlPlane: controlplane.New(watches.Client(), c.Namespace, c.Cluster), Workload: watches}
+	done.close = func() { closeLoop(); closeEtcd() }
+	return done, nil
+}
+
+// management is the management cluster as connect reached it.
+type management struct {
+	cfg   *rest.Config
+	kube  client.Client
+	cp    *controlplane.Client
+	fence *controlplane.Fence
+	// first is the control plane as read on connecting.
+	first   *kcpstate.ControlPlane
+	counted *roundTrips
+	// workload is whether the verb goes on to the workload cluster: the
+	// checks found it may read the cluster's Secrets.
+	workload bool
+}
+
+// roundTrips count a run's requests to each side, for its summary.
+type roundTrips struct{ management, workload, etcd requests.Counter }
+
+func (r *roundTrips) requests() progress.Requests {
+	return progress.Requests{Management: r.management.Load(), Workload: r.workload.Load(), Etcd: r.etcd.Load()}
+}
+
+// connectManagement reaches the management cluster, reads the control plane
+// once, and makes the checks the verb's use asks for before anything else is
+// reached: runChecks for the loop, the preflight otherwise. Nothing it
+// builds needs closing.
+func (c *connection) connectManagement(ctx context.Context, use engineUse) (*management, error) {
 	cfg, err := c.restConfig()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if c.Namespace == "" {
 		if c.Namespace, err = c.kubeconfigNamespace(); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
 	// A snapshot is a dozen reads; client-go's default of 5 requests a second
 	// would make every step wait on the client-side limiter.
 	cfg.QPS, cfg.Burst = 50, 100
-	var counted struct{ management, workload, etcd requests.Counter }
-	cfg.Wrap(counted.management.Wrap)
+	m := &management{cfg: cfg, counted: &roundTrips{}}
+	cfg.Wrap(m.counted.management.Wrap)
 	// Outside the counter, so a write the fence stops is not counted.
-	fence := &controlplane.Fence{Namespace: c.Namespace, Lease: runlock.LeaseName(c.Cluster)}
-	cfg.Wrap(fence.Wrap)
-	mgmt, err := client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
-	if err != nil {
-		return nil, nil, fmt.Errorf("management cluster: %w", err)
+	m.fence = &controlplane.Fence{Namespace: c.Namespace, Lease: runlock.LeaseName(c.Cluster)}
+	cfg.Wrap(m.fence.Wrap)
+	if m.kube, err = client.New(cfg, client.Options{Scheme: controlplane.Scheme()}); err != nil {
+		return nil, fmt.Errorf("management cluster: %w", err)
 	}
-	cp := controlplane.New(mgmt, c.Namespace, c.Cluster)
-	cp.Fence = fence
-	state, err := cp.Read(ctx)
-	if err != nil {
+	m.cp = controlplane.New(m.kube, c.Namespace, c.Cluster)
+	m.cp.Fence = m.fence
+	if m.first, err = m.cp.Read(ctx); err != nil {
 		err = c.firstContact(ctx, err)
 		// A refused read is the first of the missing permissions: list them all.
 		if apierrors.IsForbidden(err) {
-			if _, perr := c.preflight(ctx, mgmt, use, nil); perr != nil {
-				return nil, nil, perr
+			if _, perr := c.preflight(ctx, m.kube, use, nil); perr != nil {
+				return nil, perr
 			}
 		}
-		return nil, nil, err
+		return nil, err
 	}
 	// A run that passes its checks may read the workload cluster's Secrets,
 	// which are among the operate roles' permissions.
-	reachWorkload := true
+	m.workload = true
 	if use.loop {
-		err = c.runChecks(ctx, cp, state.KCP)
+		err = c.runChecks(ctx, m.cp, m.first.KCP)
 	} else {
-		reachWorkload, err = c.preflight(ctx, mgmt, use, state.KCP)
+		m.workload, err = c.preflight(ctx, m.kube, use, m.first.KCP)
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
+	return m, nil
+}
 
-	engine := &rollout.Engine{ControlPlane: cp, Reporter: use.reporter, Timeouts: use.timeouts, Connected: state,
-		Requests: func() progress.Requests {
-			return progress.Requests{Management: counted.management.Load(), Workload: counted.workload.Load(), Etcd: counted.etcd.Load()}
-		}}
-	if !reachWorkload {
-		// The preflight has said why; the Secrets are not even asked for, so
-		// the audit log shows no refused read of them.
-		return engine, func() {}, nil
-	}
-	wl, err := workload.New(ctx, mgmt, c.Namespace, c.Cluster, counted.workload.Wrap, fence.Wrap)
+// connectWorkload reaches the workload cluster through its kubeconfig Secret
+// and, with stacked etcd, its members with a client certificate minted from
+// the cluster's etcd CA. members is nil with external etcd (the loop takes no
+// etcd steps) and for handback, which needs no etcd and only warns of a
+// workload cluster it cannot reach: then wl is nil too.
+func (c *connection) connectWorkload(ctx context.Context, m *management, use engineUse) (wl *workload.Client, members *etcd.Client, closer func(), err error) {
+	none := func() {}
+	wl, err = workload.New(ctx, m.kube, c.Namespace, c.Cluster, m.counted.workload.Wrap, m.fence.Wrap)
 	switch {
 	case err != nil && use.handback:
 		fmt.Fprintf(use.warnings, "warning: %v\n", err)
-		return engine, func() {}, nil
+		return nil, nil, none, nil
 	case err != nil:
-		return nil, nil, exitcode.New(exitcode.Unsafe, err)
+		return nil, nil, nil, exitcode.New(exitcode.Unsafe, err)
+	case use.handback:
+		return wl, nil, none, nil
 	}
-	engine.Workload = wl
-	if use.handback {
-		return engine, func() {}, nil
-	}
-	closers := []func(){}
-	cleanup := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}
-
-	creds, err := etcd.LoadCredentials(ctx, mgmt, client.ObjectKeyFromObject(state.Cluster), state.KCP)
+	creds, err := etcd.LoadCredentials(ctx, m.kube, client.ObjectKeyFromObject(m.first.Cluster), m.first.KCP)
 	switch {
 	case errors.Is(err, etcd.ErrNotManaged):
-		// External etcd: the loop takes no etcd steps.
+		return wl, nil, none, nil
 	case err != nil:
-		return nil, nil, exitcode.New(exitcode.Unsafe, err)
-	default:
-		// The first handshake with a member needs the client certificate,
-		// and an RSA key takes tens of milliseconds to generate: minting
-		// starts now, beside the rest of the setup, and a handshake that
-		// comes first waits for it.
-		go func() { _, _ = creds.ClientCertificate() }()
-		var dialer etcd.Dialer
-		if c.EtcdEndpoint != "" {
-			dialer, err = directDialer(c.EtcdEndpoint)
-		} else {
-			dialer, err = etcd.NewPortForwardDialer(wl.Config)
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-		ec, err := etcd.New(etcd.Config{Dialer: dialer, Credentials: creds, DialOptions: append(counted.etcd.DialOptions(), fence.DialOptions()...)})
-		if err != nil {
-			return nil, nil, err
-		}
-		closers = append(closers, func() { _ = ec.Close() })
-		engine.Etcd = ec
+		return nil, nil, nil, exitcode.New(exitcode.Unsafe, err)
 	}
-
-	if !use.loop {
-		return engine, cleanup, nil
+	// The first handshake with a member needs the client certificate, and
+	// an RSA key takes tens of milliseconds to generate: minting starts now,
+	// beside the rest of the setup, and a handshake that comes first waits
+	// for it.
+	go func() { _, _ = creds.ClientCertificate() }()
+	var dialer etcd.Dialer
+	if c.EtcdEndpoint != "" {
+		dialer, err = directDialer(c.EtcdEndpoint)
+	} else {
+		dialer, err = etcd.NewPortForwardDialer(wl.Config)
 	}
-	trail := audit.New(mgmt, state.KCP, record.Who())
-	engine.Reporter, engine.Audit = trail.Reporter(use.reporter), trail
-	closers = append(closers, trail.Close)
-	watchCtx, stop := context.WithCancel(ctx)
-	closers = append(closers, stop)
-	template, infraMachines, err := cp.InfraKinds(ctx, state)
 	if err != nil {
-		cleanup()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	scope := changes.Scope{Namespace: c.Namespace, Cluster: c.Cluster, KCP: state.KCP.Name,
-		Template:      changes.Object{GVK: template, Name: state.KCP.Spec.MachineTemplate.Spec.InfrastructureRef.Name},
+	ec, err := etcd.New(etcd.Config{Dialer: dialer, Credentials: creds, DialOptions: append(m.counted.etcd.DialOptions(), m.fence.DialOptions()...)})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return wl, ec, func() { _ = ec.Close() }, nil
+}
+
+// startLoop starts what the rollout loop needs beside its live reads: the
+// audit trail its steps are written to, and the watches its waits wake on,
+// whose caches its reads between steps come from.
+func (c *connection) startLoop(ctx context.Context, m *management, wl *workload.Client) (*audit.Trail, *changes.Watches, func(), error) {
+	trail := audit.New(m.kube, m.first.KCP, record.Who())
+	watchCtx, stop := context.WithCancel(ctx)
+	closer := func() { stop(); trail.Close() }
+	template, infraMachines, err := m.cp.InfraKinds(ctx, m.first)
+	if err != nil {
+		closer()
+		return nil, nil, nil, err
+	}
+	scope := changes.Scope{Namespace: c.Namespace, Cluster: c.Cluster, KCP: m.first.KCP.Name,
+		Template:      changes.Object{GVK: template, Name: m.first.KCP.Spec.MachineTemplate.Spec.InfrastructureRef.Name},
 		InfraMachines: infraMachines}
 	// The live client the caches fall back on shares cp's CRD metadata.
 	// A watch is one long request, which the per-request bound would cut;
 	// the watches end with watchCtx.
-	watchCfg := rest.CopyConfig(cfg)
+	watchCfg := rest.CopyConfig(m.cfg)
 	watchCfg.Timeout = 0
-	watches, err := changes.Watch(watchCtx, watchCfg, cp.Kube(), scope, wl.Watching)
+	watches, err := changes.Watch(watchCtx, watchCfg, m.cp.Kube(), scope, wl.Watching)
 	if err != nil {
-		cleanup()
-		return nil, nil, err
+		closer()
+		return nil, nil, nil, err
 	}
-	engine.Changes = watches
-	engine.Cache = &rollout.Cache{ControlPlane: controlplane.New(watches.Client(), c.Namespace, c.Cluster), Workload: watches}
-	return engine, cleanup, nil
+	return trail, watches, closer, nil
 }
 
 // restConfig is the management cluster's connection as the flags select it.

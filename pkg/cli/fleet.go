@@ -23,14 +23,14 @@ import (
 // -A/--all-namespaces select them instead of a CLUSTER name, and each
 // selected cluster gets the one-cluster verb, unchanged.
 
-// selection is -l and -A.
+// selection is -l and -A: the verbs that take it act on the clusters it
+// selects instead of one named cluster.
 type selection struct {
 	Selector      string
 	AllNamespaces bool
-	selector      labels.Selector // Selector parsed, by validateSelection
 }
 
-func (s *selection) addSelectionFlags(f *pflag.FlagSet) {
+func (s *selection) addFlags(f *pflag.FlagSet) {
 	f.StringVarP(&s.Selector, "selector", "l", "", "Act on every Cluster whose labels match this selector (e.g. -l env=staging,tier!=prod) instead of a CLUSTER name")
 	f.BoolVarP(&s.AllNamespaces, "all-namespaces", "A", false, "Select Clusters in every namespace (with -l: those matching it; alone: all of them)")
 }
@@ -57,30 +57,40 @@ func (c *connection) completeCluster(args []string) {
 }
 
 // validateSelection checks that a verb got exactly one of a CLUSTER name or
-// -l/-A, and parses the selector.
-func (c *connection) validateSelection(verb string) error {
+// -l/-A, and that the selector parses. A verb without -l/-A passes an empty
+// selection: it still needs its CLUSTER.
+func validateSelection(verb, cluster string, s selection) error {
 	switch {
-	case c.Cluster != "" && c.fleet():
+	case cluster != "" && s.fleet():
 		return exitcode.Usagef("%s takes a CLUSTER name or -l/-A, not both", verb)
-	case c.Cluster == "" && !c.fleet():
+	case cluster == "" && !s.fleet():
 		return exitcode.Usagef("%s needs a CLUSTER name, or -l SELECTOR / -A to act on several clusters", verb)
-	case c.Selector == "":
-		c.selector = labels.Everything()
-		return nil
 	}
-	sel, err := labels.Parse(c.Selector)
-	if err != nil {
-		return exitcode.Usagef("-l %s: %v", c.Selector, err)
-	}
-	c.selector = sel
-	return nil
+	_, err := s.labels()
+	return err
 }
 
-// scope is where the selection looks: every namespace with -A, otherwise
-// -n or the kubeconfig context's namespace.
-func (c *connection) scope() (fleet.Scope, error) {
-	scope := fleet.Scope{Selector: c.selector}
-	if c.AllNamespaces {
+// labels is -l parsed: every Cluster without it.
+func (s *selection) labels() (labels.Selector, error) {
+	if s.Selector == "" {
+		return labels.Everything(), nil
+	}
+	sel, err := labels.Parse(s.Selector)
+	if err != nil {
+		return nil, exitcode.Usagef("-l %s: %v", s.Selector, err)
+	}
+	return sel, nil
+}
+
+// scope is where s looks: every namespace with -A, otherwise -n or the
+// kubeconfig context's namespace.
+func (c *connection) scope(s selection) (fleet.Scope, error) {
+	sel, err := s.labels()
+	if err != nil {
+		return fleet.Scope{}, err
+	}
+	scope := fleet.Scope{Selector: sel}
+	if s.AllNamespaces {
 		return scope, nil
 	}
 	ns, err := c.kubeconfigNamespace()
@@ -101,11 +111,11 @@ func (c *connection) managementReader() (*fleet.Lister, error) {
 	return fleet.NewLister(cfg)
 }
 
-// selectClusters lists the clusters the selection names. None is bad usage,
-// naming the selector; so is a selection of clusters none of which has a
+// selectClusters lists the clusters s names. None is bad usage, naming the
+// selector; so is a selection of clusters none of which has a
 // KubeadmControlPlane.
-func (c *connection) selectClusters(ctx context.Context) ([]fleet.Cluster, []fleet.Skipped, error) {
-	scope, err := c.scope()
+func (c *connection) selectClusters(ctx context.Context, s selection) ([]fleet.Cluster, []fleet.Skipped, error) {
+	scope, err := c.scope(s)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -127,7 +137,7 @@ func (c *connection) selectClusters(ctx context.Context) ([]fleet.Cluster, []fle
 
 // forCluster is the connection to one selected cluster.
 func (c connection) forCluster(cl fleet.Cluster) connection {
-	c.Cluster, c.Namespace, c.selection = cl.Name, cl.Namespace, selection{}
+	c.Cluster, c.Namespace = cl.Name, cl.Namespace
 	return c
 }
 
@@ -221,24 +231,25 @@ type fleetRow struct {
 // ended. Its error carries the worst exit code of the clusters
 // (exitcode.Worst).
 func (o *changeOptions) runFleet(ctx context.Context) error {
-	clusters, skipped, err := o.selectClusters(ctx)
+	streams := o.req.Streams
+	clusters, skipped, err := o.req.conn.selectClusters(ctx, o.req.sel)
 	if err != nil {
 		return err
 	}
-	if o.everyCluster() {
-		what := o.Request.Operation + " to " + o.Request.TargetString()
-		if err := o.confirm(ctx, o.Streams, what, clusters); err != nil {
+	if o.req.sel.everyCluster() {
+		what := o.req.target.Operation + " to " + o.req.target.TargetString()
+		if err := o.consent.confirm(ctx, streams, what, clusters); err != nil {
 			return err
 		}
 	}
-	board := progress.NewFleet(o.Output, o.Streams.Out, o.Streams.ErrOut)
+	board := progress.NewFleet(o.req.Output, streams.Out, streams.ErrOut)
 	counters := map[fleet.Cluster]*machineCounter{}
 	for _, c := range clusters {
 		counters[c] = &machineCounter{}
 	}
-	results := fleet.Run(ctx, clusters, o.Limits.Limits, func(ctx context.Context, c fleet.Cluster) error {
+	results := fleet.Run(ctx, clusters, o.limits.Limits, func(ctx context.Context, c fleet.Cluster) error {
 		one := *o
-		one.connection, one.inFleet = o.connection.forCluster(c), true
+		one.req.conn, one.req.sel, one.inFleet = o.req.conn.forCluster(c), selection{}, true
 		counter := counters[c]
 		counter.Reporter = board.For(c.Namespace, c.Name)
 		began := time.Now()
@@ -269,7 +280,7 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 		}
 		summary = fmt.Errorf("%d of %d clusters %s (%s)", failed, len(clusters), what, strings.Join(failedNames(rows), ", "))
 		if notStarted > 0 {
-			why := fmt.Sprintf("--max-failures %d", o.Limits.MaxFailures)
+			why := fmt.Sprintf("--max-failures %d", o.limits.MaxFailures)
 			if stopped {
 				why = "stopped"
 			}
@@ -281,11 +292,11 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 		}
 		summary = exitcode.New(code, summary)
 	}
-	if err := printFleet(o.Streams.Out, o.Output, rows, exitcode.Of(summary)); err != nil {
+	if err := printFleet(streams.Out, o.req.Output, rows, exitcode.Of(summary)); err != nil {
 		return err
 	}
 	if ctx.Err() != nil {
-		fmt.Fprintf(o.Streams.ErrOut, "stopped; each KubeadmControlPlane a run had paused stays paused with its operation record. Re-run the same command to continue.\n")
+		fmt.Fprintf(streams.ErrOut, "stopped; each KubeadmControlPlane a run had paused stays paused with its operation record. Re-run the same command to continue.\n")
 	}
 	return summary
 }

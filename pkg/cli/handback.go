@@ -15,11 +15,12 @@ import (
 
 // HandbackOptions gives a control plane back to KCP.
 type HandbackOptions struct {
-	connection
+	conn connection
+	sel  selection
 	// Force releases a lock that its holder still renews.
 	Force bool
 	// Handing back more than one cluster, or with -A alone, is confirmed.
-	confirmation
+	consent confirmation
 	Streams genericiooptions.IOStreams
 	// Output is text (a line for each thing done) or json (an object per
 	// cluster).
@@ -39,14 +40,14 @@ type handedBack struct {
 
 // NewHandbackOptions returns the handback verb's defaults.
 func NewHandbackOptions(streams genericiooptions.IOStreams) *HandbackOptions {
-	return &HandbackOptions{Streams: streams, confirmation: newConfirmation(streams), Output: "text"}
+	return &HandbackOptions{Streams: streams, consent: newConfirmation(streams), Output: "text"}
 }
 
 // NewCmdHandback returns the handback verb. runF, when set, replaces Run, so
 // tests can see what the flags resolve to.
 func NewCmdHandback(root *RootOptions, runF func(*HandbackOptions) error) *cobra.Command {
 	o := NewHandbackOptions(root.Streams)
-	o.Management = root.ConfigFlags
+	o.conn.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "handback (CLUSTER | -l SELECTOR | -A)",
 		Short: "Give a control plane back to KCP after an interrupted run",
@@ -64,9 +65,9 @@ matching cluster is handed back in turn, once the list of them is confirmed
 			return runVerb(cmd, args, o, runF)
 		},
 	}
-	o.addSelectionFlags(cmd.Flags())
+	o.sel.addFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&o.Force, "force", false, "Release the lock even while its holder renews it (only when you know that run is gone)")
-	o.addYesFlag(cmd.Flags())
+	o.consent.addYesFlag(cmd.Flags())
 	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text (a line for each thing done) or json (an object per cluster: {cluster, namespace, done}; over -l/-A one a line)")
 	completeOutput(cmd, handbackOutputs)
 	return cmd
@@ -74,7 +75,7 @@ matching cluster is handed back in turn, once the list of them is confirmed
 
 // Complete takes the cluster's name, if given.
 func (o *HandbackOptions) Complete(_ *cobra.Command, args []string) error {
-	o.completeCluster(args)
+	o.conn.completeCluster(args)
 	return nil
 }
 
@@ -84,41 +85,43 @@ func (o *HandbackOptions) Validate() error {
 	if err := oneOf("output", o.Output, handbackOutputs...); err != nil {
 		return err
 	}
-	if err := o.validateSelection("handback"); err != nil {
+	if err := validateSelection("handback", o.conn.Cluster, o.sel); err != nil {
 		return err
 	}
-	return o.validateEveryCluster("handback", &o.selection)
+	return o.consent.validateEveryCluster("handback", &o.sel)
 }
 
 // Run hands the named control plane back, or each selected one in turn, and
 // prints what it did to stdout; over several clusters each line names its
 // cluster, and one that fails does not stop the others.
 func (o *HandbackOptions) Run(ctx context.Context) error {
-	if !o.fleet() {
+	if !o.sel.fleet() {
 		return o.handback(ctx, false)
 	}
-	clusters, skipped, err := o.selectClusters(ctx)
+	clusters, skipped, err := o.conn.selectClusters(ctx, o.sel)
 	if err != nil {
 		return err
 	}
 	if err := o.confirmHandback(ctx, clusters); err != nil {
 		return err
 	}
-	return o.inTurn(ctx, o.Streams.ErrOut, clusters, skipped, func(one connection) error {
+	return o.conn.inTurn(ctx, o.Streams.ErrOut, clusters, skipped, func(one connection) error {
 		opts := *o
-		opts.connection = one
+		opts.conn, opts.sel = one, selection{}
 		return opts.handback(ctx, true)
 	})
 }
+
+func (o *HandbackOptions) where() (cluster, namespace string) { return o.conn.where(&o.sel) }
 
 // confirmHandback asks before handing back more than one cluster, or every
 // cluster: each goes back to KCP where it stands, and KCP then finishes any
 // rollout left there in its own way, not one machine at a time as this tool.
 func (o *HandbackOptions) confirmHandback(ctx context.Context, clusters []fleet.Cluster) error {
-	if len(clusters) < 2 && !o.everyCluster() {
+	if len(clusters) < 2 && !o.sel.everyCluster() {
 		return nil
 	}
-	return o.confirm(ctx, o.Streams, "handback", clusters)
+	return o.consent.confirm(ctx, o.Streams, "handback", clusters)
 }
 
 // handback hands one control plane back and prints what it did.
@@ -127,16 +130,16 @@ func (o *HandbackOptions) handback(ctx context.Context, inFleet bool) error {
 	// renews it takes up to its duration.
 	reporter := progress.New("", o.Streams.Out, o.Streams.ErrOut)
 	defer reporter.Stop()
-	engine, closeEngine, err := o.connect(ctx, handbackUse(reporter, o.Streams.ErrOut))
+	c, err := o.conn.connect(ctx, handbackUse(reporter, o.Streams.ErrOut))
 	if err != nil {
 		return err
 	}
-	defer closeEngine()
-	done, err := engine.Handback(ctx, o.Force)
+	defer c.close()
+	done, err := c.engine.Handback(ctx, o.Force)
 	if err != nil {
 		return err
 	}
-	return printHandedBack(o.Streams.Out, o.Output, inFleet, handedBack{Cluster: o.Cluster, Namespace: o.Namespace, Done: done})
+	return printHandedBack(o.Streams.Out, o.Output, inFleet, handedBack{Cluster: o.conn.Cluster, Namespace: o.conn.Namespace, Done: done})
 }
 
 // printHandedBack prints what handback did to one cluster: a line for each

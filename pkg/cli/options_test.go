@@ -55,13 +55,14 @@ type resolved struct {
 }
 
 func resolvedRequest(r result, o *requestOptions) resolved {
+	t := o.target
 	v := resolved{
-		Cluster: o.Cluster, Namespace: r.opts.ConfigFlags.Namespace(), EtcdEndpoint: o.EtcdEndpoint, KCPVersion: o.KCPVersion,
-		Operation: o.Request.Operation, Version: o.Request.Version, Replace: o.Request.Replace,
-		MaxSurge: o.Request.MaxSurge, Output: o.Output, CertificatesExpiryDays: o.Request.CertificatesExpiryDays,
+		Cluster: o.conn.Cluster, Namespace: r.opts.ConfigFlags.Namespace(), EtcdEndpoint: o.conn.EtcdEndpoint, KCPVersion: o.conn.KCPVersion,
+		Operation: t.Operation, Version: t.Version, Replace: t.Replace,
+		MaxSurge: t.MaxSurge, Output: o.Output, CertificatesExpiryDays: t.CertificatesExpiryDays,
 	}
-	if o.Request.Replicas != nil {
-		v.Replicas = fmt.Sprint(*o.Request.Replicas)
+	if t.Replicas != nil {
+		v.Replicas = fmt.Sprint(*t.Replicas)
 	}
 	return v
 }
@@ -106,8 +107,8 @@ func checkOptions[O any](t *testing.T, verb string, newCmd func(*RootOptions, fu
 }
 
 func viewChange(r result, c *changeOptions) resolved {
-	v := resolvedRequest(r, &c.requestOptions)
-	v.Timeout, v.Timeouts, v.DryRun, v.OnFailure = c.Timeout, c.Timeouts, c.DryRun, c.OnFailure
+	v := resolvedRequest(r, &c.req)
+	v.Timeout, v.Timeouts, v.DryRun, v.OnFailure = c.wait.Timeout, c.wait.Timeouts, c.DryRun, c.OnFailure
 	return v
 }
 
@@ -129,7 +130,7 @@ func withAllRunFlags(v *resolved) {
 func TestUpgradeOptions(t *testing.T) {
 	base := requestDefaults("upgrade")
 	base.Version, base.OnFailure = "v1.36.3", "stay"
-	checkOptions(t, "upgrade", NewCmdUpgrade, func(r result, o *UpgradeOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
+	checkOptions(t, "upgrade", NewCmdUpgrade, func(r result, o *UpgradeOptions) resolved { return viewChange(r, &o.change) }, base, []optionsCase{
 		{name: "defaults", args: []string{"demo", "--version", "v1.36.3"}},
 		{name: "every flag", args: append([]string{"demo", "--version", "v1.36.3"}, allRunFlags...), want: withAllRunFlags},
 		{name: "namespace flag", args: []string{"demo", "--version", "v1.36.3", "-n", "capi"},
@@ -164,7 +165,7 @@ func TestUpgradeOptions(t *testing.T) {
 func TestScaleOptions(t *testing.T) {
 	base := requestDefaults("scale")
 	base.Replicas, base.OnFailure = "3", "stay"
-	checkOptions(t, "scale", NewCmdScale, func(r result, o *ScaleOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
+	checkOptions(t, "scale", NewCmdScale, func(r result, o *ScaleOptions) resolved { return viewChange(r, &o.change) }, base, []optionsCase{
 		{name: "replicas", args: []string{"demo", "--replicas", "3"}},
 		{name: "every flag", args: append([]string{"demo", "--replicas", "3"}, allRunFlags...), want: withAllRunFlags},
 		{name: "one replica surging", args: []string{"demo", "--replicas", "1", "--max-surge", "1"},
@@ -178,7 +179,7 @@ func TestScaleOptions(t *testing.T) {
 func TestReplaceOptions(t *testing.T) {
 	base := requestDefaults("replace")
 	base.Replace, base.OnFailure = "demo-cp-x2k9", "stay"
-	checkOptions(t, "replace", NewCmdReplace, func(r result, o *ReplaceOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
+	checkOptions(t, "replace", NewCmdReplace, func(r result, o *ReplaceOptions) resolved { return viewChange(r, &o.change) }, base, []optionsCase{
 		{name: "machine", args: []string{"demo", "demo-cp-x2k9"}},
 		{name: "every flag", args: append([]string{"demo", "demo-cp-x2k9"}, allRunFlags...), want: withAllRunFlags},
 		{name: "namespace and etcd endpoint from config file", args: []string{"demo", "demo-cp-x2k9"},
@@ -190,7 +191,7 @@ func TestReplaceOptions(t *testing.T) {
 func TestRolloutOptions(t *testing.T) {
 	base := requestDefaults("rollout")
 	base.OnFailure = "stay"
-	checkOptions(t, "rollout", NewCmdRollout, func(r result, o *RolloutOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
+	checkOptions(t, "rollout", NewCmdRollout, func(r result, o *RolloutOptions) resolved { return viewChange(r, &o.change) }, base, []optionsCase{
 		{name: "spec", args: []string{"demo"}},
 		{name: "certificates in days", args: []string{"demo", "--certificates-expiring-within", "30d"},
 			want: func(v *resolved) { v.CertificatesExpiryDays = 30 }},
@@ -203,7 +204,7 @@ func TestRolloutOptions(t *testing.T) {
 func TestRestartOptions(t *testing.T) {
 	base := requestDefaults("restart")
 	base.OnFailure = "stay"
-	checkOptions(t, "restart", NewCmdRestart, func(r result, o *RestartOptions) resolved { return viewChange(r, &o.changeOptions) }, base, []optionsCase{
+	checkOptions(t, "restart", NewCmdRestart, func(r result, o *RestartOptions) resolved { return viewChange(r, &o.change) }, base, []optionsCase{
 		{name: "defaults", args: []string{"demo"}},
 		{name: "every flag", args: append([]string{"demo"}, allRunFlags...), want: withAllRunFlags},
 	})
@@ -222,8 +223,8 @@ func TestPauseOptions(t *testing.T) {
 		if o == nil {
 			t.Fatalf("%v: did not reach Run: %v", tc.args, r.err)
 		}
-		if o.Cluster != "demo" || o.Reason != tc.reason || o.Management != r.opts.ConfigFlags {
-			t.Errorf("%v: cluster %q, reason %q, management from the root's flags %v", tc.args, o.Cluster, o.Reason, o.Management == r.opts.ConfigFlags)
+		if o.conn.Cluster != "demo" || o.Reason != tc.reason || o.conn.Management != r.opts.ConfigFlags {
+			t.Errorf("%v: cluster %q, reason %q, management from the root's flags %v", tc.args, o.conn.Cluster, o.Reason, o.conn.Management == r.opts.ConfigFlags)
 		}
 	}
 }
@@ -254,7 +255,7 @@ func TestPlanOptions(t *testing.T) {
 	base.Version = "v1.36.3"
 	base.Timeouts = rollout.Timeouts{} // a plan carries no wait limits
 	view := func(r result, o *PlanOptions) resolved {
-		v := resolvedRequest(r, &o.requestOptions)
+		v := resolvedRequest(r, &o.req)
 		v.ExitCode = o.ExitCode
 		return v
 	}
@@ -285,7 +286,7 @@ func TestPlanOptions(t *testing.T) {
 
 func TestStatusOptions(t *testing.T) {
 	view := func(r result, o *StatusOptions) resolved {
-		return resolved{Cluster: o.Cluster, Namespace: r.opts.ConfigFlags.Namespace(), EtcdEndpoint: o.EtcdEndpoint, Output: o.Output}
+		return resolved{Cluster: o.conn.Cluster, Namespace: r.opts.ConfigFlags.Namespace(), EtcdEndpoint: o.conn.EtcdEndpoint, Output: o.output.Output}
 	}
 	checkOptions(t, "status", NewCmdStatus, view, resolved{Cluster: "demo", Output: "text"}, []optionsCase{
 		{name: "defaults", args: []string{"demo"}},
@@ -309,8 +310,8 @@ func TestHandbackOptions(t *testing.T) {
 		if o == nil {
 			t.Fatalf("%v: did not reach Run: %v", tc.args, r.err)
 		}
-		if o.Cluster != "demo" || o.Force != tc.force || o.Management != r.opts.ConfigFlags {
-			t.Errorf("%v: cluster %q, force %v, management from the root's flags %v", tc.args, o.Cluster, o.Force, o.Management == r.opts.ConfigFlags)
+		if o.conn.Cluster != "demo" || o.Force != tc.force || o.conn.Management != r.opts.ConfigFlags {
+			t.Errorf("%v: cluster %q, force %v, management from the root's flags %v", tc.args, o.conn.Cluster, o.Force, o.conn.Management == r.opts.ConfigFlags)
 		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 // PauseOptions holds a control plane back from KCP before its spec changes,
 // so that this tool, not KCP, rolls the change out.
 type PauseOptions struct {
-	connection
+	conn    connection
 	Reason  string
 	Streams genericiooptions.IOStreams
 }
@@ -29,7 +29,7 @@ func NewPauseOptions(streams genericiooptions.IOStreams) *PauseOptions {
 // can see what the flags resolve to.
 func NewCmdPause(root *RootOptions, runF func(*PauseOptions) error) *cobra.Command {
 	o := NewPauseOptions(root.Streams)
-	o.Management = root.ConfigFlags
+	o.conn.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "pause CLUSTER [--reason TEXT]",
 		Short: "Pause a control plane before changing its spec, so this tool rolls the change out",
@@ -64,13 +64,15 @@ While paused, KCP remediates no machine and renews no certificate.`,
 
 // Complete takes the cluster's name.
 func (o *PauseOptions) Complete(_ *cobra.Command, args []string) error {
-	o.completeCluster(args)
+	o.conn.completeCluster(args)
 	return nil
 }
 
-// Validate checks the flags; it reads nothing but the options.
+// Validate checks the flags; it changes nothing.
 func (o *PauseOptions) Validate() error {
-	return o.validateSelection("pause")
+	// pause takes no -l/-A: an empty CLUSTER name is refused in the words
+	// the verbs that take them use for a missing one.
+	return validateSelection("pause", o.conn.Cluster, selection{})
 }
 
 // Run pauses the control plane, then prints on stdout what it did and what to
@@ -78,19 +80,21 @@ func (o *PauseOptions) Validate() error {
 func (o *PauseOptions) Run(ctx context.Context) error {
 	reporter := progress.New("", o.Streams.Out, o.Streams.ErrOut)
 	defer reporter.Stop()
-	engine, closeEngine, err := o.connect(ctx, pauseUse(reporter, o.Streams.ErrOut))
+	c, err := o.conn.connect(ctx, pauseUse(reporter, o.Streams.ErrOut))
 	if err != nil {
 		return err
 	}
-	defer closeEngine()
-	held, err := engine.Hold(ctx, o.Reason)
+	defer c.close()
+	held, err := c.engine.Hold(ctx, o.Reason)
 	if err != nil {
 		return err
 	}
 	reporter.Stop()
-	printHeld(o.Streams, held, o.Cluster, o.Namespace)
+	printHeld(o.Streams, held, o.conn.Cluster, o.conn.Namespace)
 	return nil
 }
+
+func (o *PauseOptions) where() (cluster, namespace string) { return o.conn.Cluster, o.conn.Namespace }
 
 // printHeld says whose pause holds the control plane, and the ways on.
 func printHeld(streams genericiooptions.IOStreams, held *rollout.Held, cluster, namespace string) {

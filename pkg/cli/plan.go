@@ -22,14 +22,17 @@ import (
 // PendingExitCode is what `plan --exit-code` returns when steps are pending.
 const PendingExitCode = 10
 
-// requestOptions are a request against one cluster and what plan, upgrade,
-// scale and replace share to answer it: the surge, how to reach etcd and the
-// KCP controller's version, and the output format.
+// requestOptions are what plan and every verb that changes a control plane
+// share: the cluster or selection a request is for, what it asks of the
+// control plane, and how its answer is shown.
 type requestOptions struct {
-	connection
-	Streams genericiooptions.IOStreams
-	Request rollout.Request
+	conn connection
+	sel  selection
+	// target is what the request asks: the operation and its version,
+	// replicas or machine, and the surge.
+	target  rollout.Request
 	Output  string
+	Streams genericiooptions.IOStreams
 	// jsonLines prints -o json's plan on one line: one cluster's of
 	// several (JSON Lines).
 	jsonLines bool
@@ -38,7 +41,7 @@ type requestOptions struct {
 func newRequestOptions(streams genericiooptions.IOStreams, operation string) requestOptions {
 	return requestOptions{
 		Streams: streams,
-		Request: rollout.Request{Operation: operation, MaxSurge: -1},
+		target:  rollout.Request{Operation: operation, MaxSurge: -1},
 		Output:  "text",
 	}
 }
@@ -48,20 +51,19 @@ var requestOutputs = []string{"text", "json"}
 
 func (o *requestOptions) addFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
-	f.Int32Var(&o.Request.MaxSurge, "max-surge", o.Request.MaxSurge, "Machines created above the replica count during a rollout: 1 (replacement first) or 0 (delete first, for clusters without spare capacity; needs at least 3 replicas); -1 uses the KubeadmControlPlane's rollout.strategy.rollingUpdate.maxSurge")
+	f.Int32Var(&o.target.MaxSurge, "max-surge", o.target.MaxSurge, "Machines created above the replica count during a rollout: 1 (replacement first) or 0 (delete first, for clusters without spare capacity; needs at least 3 replicas); -1 uses the KubeadmControlPlane's rollout.strategy.rollingUpdate.maxSurge")
 	f.StringVarP(&o.Output, "output", "o", o.Output, "Progress format: text (spinner on a terminal, timestamped lines otherwise) or json (JSON Lines events on stdout)")
 	completeOutput(cmd, requestOutputs)
-	o.addEtcdEndpointFlag(f)
-	o.addKCPVersionFlag(f)
+	o.conn.addEtcdEndpointFlag(f)
+	o.conn.addKCPVersionFlag(f)
 }
 
-// validate checks the flags every request shares; it reads nothing but the
-// options.
+// validate checks the flags every request shares.
 func (o *requestOptions) validate() error {
-	if ms := o.Request.MaxSurge; ms < -1 || ms > 1 {
+	if ms := o.target.MaxSurge; ms < -1 || ms > 1 {
 		return exitcode.Usagef("--max-surge must be 0 or 1, not %d", ms)
 	}
-	if r := o.Request.Replicas; r != nil && *r == 1 && o.Request.MaxSurge == 0 {
+	if r := o.target.Replicas; r != nil && *r == 1 && o.target.MaxSurge == 0 {
 		// Deleting first is refused below 3 replicas whatever the cluster;
 		// for 2, stacked etcd's odd-replica rule speaks first, so the cluster
 		// decides which reason to give.
@@ -70,26 +72,28 @@ func (o *requestOptions) validate() error {
 	if err := oneOf("output", o.Output, requestOutputs...); err != nil {
 		return err
 	}
-	if err := o.checkKCPVersionFlag(); err != nil {
+	if err := o.conn.checkKCPVersionFlag(); err != nil {
 		return err
 	}
-	return o.validateEtcdEndpoint()
+	return o.conn.validateEtcdEndpoint()
 }
+
+func (o *requestOptions) where() (cluster, namespace string) { return o.conn.where(&o.sel) }
 
 // printPlans prints the plan of the named cluster, or of each selected one
 // in turn, and reports whether any has steps. Over several clusters a
 // cluster whose plan cannot be made does not stop the others; the error
 // carries the worst exit code.
 func (o *requestOptions) printPlans(ctx context.Context) (pending bool, err error) {
-	if !o.fleet() {
+	if !o.sel.fleet() {
 		return o.printPlan(ctx)
 	}
-	clusters, skipped, err := o.selectClusters(ctx)
+	clusters, skipped, err := o.conn.selectClusters(ctx, o.sel)
 	if err != nil {
 		return false, err
 	}
 	first := true
-	err = o.inTurn(ctx, o.Streams.ErrOut, clusters, skipped, func(one connection) error {
+	err = o.conn.inTurn(ctx, o.Streams.ErrOut, clusters, skipped, func(one connection) error {
 		if o.Output != "json" {
 			if !first {
 				fmt.Fprintln(o.Streams.Out)
@@ -98,7 +102,7 @@ func (o *requestOptions) printPlans(ctx context.Context) (pending bool, err erro
 		}
 		first = false
 		opts := *o
-		opts.connection, opts.jsonLines = one, true
+		opts.conn, opts.sel, opts.jsonLines = one, selection{}, true
 		p, err := opts.printPlan(ctx)
 		pending = pending || p
 		return err
@@ -111,15 +115,15 @@ func (o *requestOptions) printPlans(ctx context.Context) (pending bool, err erro
 // anything (runChecks), as the run makes them, so that the plan's outcome is
 // the run's.
 func (o *requestOptions) printPlan(ctx context.Context) (pending bool, err error) {
-	engine, closeEngine, err := o.connect(ctx, readOnly(o.Streams.ErrOut))
+	c, err := o.conn.connect(ctx, readOnly(o.Streams.ErrOut))
 	if err != nil {
 		return false, err
 	}
-	defer closeEngine()
-	// connect gives every engine its *controlplane.Client and the control
-	// plane it read, which Prepare below takes.
-	refusal := o.runChecks(ctx, engine.ControlPlane.(*controlplane.Client), engine.Connected.KCP)
-	prepared, err := engine.Prepare(ctx, o.Request, engine.Connected)
+	defer c.close()
+	// connect gives every engine its *controlplane.Client, which runChecks
+	// asks about the KCP controller.
+	refusal := o.conn.runChecks(ctx, c.engine.ControlPlane.(*controlplane.Client), c.first.KCP)
+	prepared, err := c.engine.Prepare(ctx, o.target, c.first)
 	var hops [][]rollout.Step
 	if err == nil && prepared.NothingToDo == "" {
 		hops = rollout.PlanHops(ctx, prepared)
@@ -144,7 +148,7 @@ func (o *requestOptions) showPlan(prepared *rollout.Prepared, hops [][]rollout.S
 	case planErr != nil:
 		return false, planErr
 	}
-	if err := printPlan(o.Streams.Out, o.Output, o.jsonLines, o.Request, prepared, hops); err != nil {
+	if err := printPlan(o.Streams.Out, o.Output, o.jsonLines, o.target, prepared, hops); err != nil {
 		return false, err
 	}
 	if refusal != nil {
@@ -175,7 +179,7 @@ func wouldRefuse(err error) error {
 
 // PlanOptions shows the steps a change would take, changing nothing.
 type PlanOptions struct {
-	requestOptions
+	req requestOptions
 	// ExitCode makes pending steps exit PendingExitCode, for scripts.
 	ExitCode bool
 
@@ -193,14 +197,14 @@ type PlanOptions struct {
 
 // NewPlanOptions returns the plan verb's defaults.
 func NewPlanOptions(streams genericiooptions.IOStreams) *PlanOptions {
-	return &PlanOptions{requestOptions: newRequestOptions(streams, "")}
+	return &PlanOptions{req: newRequestOptions(streams, "")}
 }
 
 // NewCmdPlan returns the plan verb. runF, when set, replaces Run, so tests
 // can see what the flags resolve to.
 func NewCmdPlan(root *RootOptions, runF func(*PlanOptions) error) *cobra.Command {
 	o := NewPlanOptions(root.Streams)
-	o.Management = root.ConfigFlags
+	o.req.conn.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "plan (CLUSTER | -l SELECTOR | -A) (--version V | --replicas N | --replace MACHINE | --rollout | --restart)",
 		Short: "Show the steps an upgrade, scale, replace, rollout or restart would take, changing nothing",
@@ -231,48 +235,51 @@ start and take steps, 0 that it would find nothing to do.`,
 		},
 	}
 	f := cmd.Flags()
-	o.requestOptions.addFlags(cmd)
-	o.addSelectionFlags(f)
+	o.req.addFlags(cmd)
+	o.req.sel.addFlags(f)
 	// No wait limits, --dry-run or --on-failure: a plan changes nothing and
 	// waits for nothing.
 	f.StringVar(&o.version, "version", "", "Plan an upgrade to this Kubernetes version")
 	f.StringSliceVar(&o.via, "via", nil, "With --version: the versions the upgrade passes through first, one rollout each")
-	f.StringVar(&o.Request.Template, "infrastructure-template", "", "With --version: the InfraMachineTemplate the new machines are made from")
+	f.StringVar(&o.req.target.Template, "infrastructure-template", "", "With --version: the InfraMachineTemplate the new machines are made from")
 	f.Int32Var(&o.replicas, "replicas", o.replicas, "Plan a scale to this many machines")
 	f.StringVar(&o.replace, "replace", "", "Plan the replacement of this machine")
 	_ = cmd.RegisterFlagCompletionFunc("replace", root.completePlanReplace)
 	f.BoolVar(&o.rollout, "rollout", false, "Plan the rollout of the KubeadmControlPlane's spec as it stands (the outdated machines)")
 	f.StringVar(&o.expiring, "certificates-expiring-within", "", "With --rollout: also the machines whose certificates expire within this time, in whole days (30d, 720h)")
 	f.BoolVar(&o.restart, "restart", false, "Plan the replacement of every machine")
-	f.BoolVar(&o.Request.ReplaceUnhealthy, "replace-unhealthy", false, "With --version or --replicas: plan the broken machines' replacement first, as the run with --replace-unhealthy would")
+	f.BoolVar(&o.req.target.ReplaceUnhealthy, "replace-unhealthy", false, "With --version or --replicas: plan the broken machines' replacement first, as the run with --replace-unhealthy would")
 	f.BoolVar(&o.ExitCode, "exit-code", false, fmt.Sprintf("Exit %d when steps are pending, 0 when there is nothing to do (a refusal the run would meet keeps its own code)", PendingExitCode))
 	return cmd
 }
 
 // Complete turns the one target flag given into the request.
 func (o *PlanOptions) Complete(cmd *cobra.Command, args []string) error {
-	o.completeCluster(args)
+	o.req.conn.completeCluster(args)
 	for _, name := range []string{"version", "replicas", "replace", "rollout", "restart"} {
 		if cmd.Flags().Changed(name) {
 			o.targets++
 		}
 	}
+	t := &o.req.target
 	switch {
 	case o.version != "":
-		o.Request.Operation, o.Request.Version, o.Request.Via = "upgrade", o.version, o.via
+		t.Operation, t.Version, t.Via = "upgrade", o.version, o.via
 	case cmd.Flags().Changed("replicas"):
-		o.Request.Operation, o.Request.Replicas = "scale", &o.replicas
+		t.Operation, t.Replicas = "scale", &o.replicas
 	case o.replace != "":
-		o.Request.Operation, o.Request.Replace = "replace", o.replace
+		t.Operation, t.Replace = "replace", o.replace
 	case o.rollout:
-		o.Request.Operation = "rollout"
+		t.Operation = "rollout"
 	case o.restart:
-		o.Request.Operation = "restart"
+		t.Operation = "restart"
 	}
+	// A bad value is Validate's to refuse, after the checks that come first.
+	t.CertificatesExpiryDays, _ = expiryDays(o.expiring)
 	return nil
 }
 
-// Validate checks the flags; it reads nothing but the options.
+// Validate checks the flags; it changes nothing.
 func (o *PlanOptions) Validate() error {
 	// Checked here rather than with cobra's flag groups, whose error would not
 	// be marked as bad usage.
@@ -282,25 +289,27 @@ func (o *PlanOptions) Validate() error {
 	if o.expiring != "" && !o.rollout {
 		return exitcode.Usagef("--certificates-expiring-within needs --rollout: it names machines a rollout replaces too")
 	}
-	if err := expiryWindow(&o.Request, o.expiring); err != nil {
+	if _, err := expiryDays(o.expiring); err != nil {
 		return err
 	}
-	if err := o.validateSelection("plan"); err != nil {
+	if err := validateSelection("plan", o.req.conn.Cluster, o.req.sel); err != nil {
 		return err
 	}
-	if err := validateTarget(o.Request); err != nil {
+	if err := validateTarget(o.req.target); err != nil {
 		return err
 	}
-	if o.Request.Operation == "" {
+	if o.req.target.Operation == "" {
 		return exitcode.Usagef("plan needs one of --version, --replicas, --replace, --rollout or --restart")
 	}
-	return o.requestOptions.validate()
+	return o.req.validate()
 }
 
 // Run prints the plan to stdout.
 func (o *PlanOptions) Run(ctx context.Context) error {
-	return o.outcome(o.printPlans(ctx))
+	return o.outcome(o.req.printPlans(ctx))
 }
+
+func (o *PlanOptions) where() (cluster, namespace string) { return o.req.where() }
 
 // outcome is what a plan exits with: with --exit-code, PendingExitCode for
 // pending steps; an error keeps its own code with or without --exit-code, as

@@ -38,7 +38,7 @@ import (
 var statusOutputs = []string{"text", "wide", "json", "yaml", "name", "jsonpath=", "go-template=", "custom-columns="}
 
 // printFlags are status's -o, --no-headers and --sort-by, and what
-// validate makes of them.
+// complete makes of them.
 type printFlags struct {
 	Output    string
 	NoHeaders bool
@@ -50,9 +50,9 @@ type printFlags struct {
 	sortBy   *jsonpath.JSONPath       // --sort-by
 }
 
-// validate checks -o and parses its template and --sort-by's expression,
-// so that a bad one is refused (exit 2) before anything is read.
-func (p *printFlags) validate() error {
+// complete parses -o, its template and --sort-by's expression, so that a
+// bad one is refused (exit 2) before anything is read.
+func (p *printFlags) complete() error {
 	format, arg, templated := strings.Cut(p.Output, "=")
 	switch {
 	case templated && slices.Contains(statusOutputs, format+"="):

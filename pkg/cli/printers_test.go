@@ -47,7 +47,7 @@ func printAs(t *testing.T, view *statusView, args ...string) string {
 	if o == nil {
 		t.Fatalf("status %v: %v", args, r.err)
 	}
-	if o.sortBy != nil {
+	if o.output.sortBy != nil {
 		var err error
 		if view, err = o.sorted(func(context.Context) (*statusView, error) { return view, nil })(context.Background()); err != nil {
 			t.Fatal(err)

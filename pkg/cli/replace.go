@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"context"
+
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
@@ -9,19 +11,19 @@ import (
 
 // ReplaceOptions replaces one named control-plane machine.
 type ReplaceOptions struct {
-	changeOptions
+	change changeOptions
 }
 
 // NewReplaceOptions returns the replace verb's defaults.
 func NewReplaceOptions(streams genericiooptions.IOStreams) *ReplaceOptions {
-	return &ReplaceOptions{newChangeOptions(streams, "replace")}
+	return &ReplaceOptions{change: newChangeOptions(streams, "replace")}
 }
 
 // NewCmdReplace returns the replace verb. runF, when set, replaces Run, so
 // tests can see what the flags resolve to.
 func NewCmdReplace(root *RootOptions, runF func(*ReplaceOptions) error) *cobra.Command {
 	o := NewReplaceOptions(root.Streams)
-	o.Management = root.ConfigFlags
+	o.change.req.conn.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "replace CLUSTER MACHINE",
 		Short: "Replace one control-plane machine, safely",
@@ -42,17 +44,23 @@ quorum, and moves etcd leadership away first.`,
 			return runVerb(cmd, args, o, runF)
 		},
 	}
-	o.addFlags(cmd)
+	o.change.addFlags(cmd)
 	return cmd
 }
 
 // Complete takes the cluster's and the machine's names.
-func (o *ReplaceOptions) Complete(_ *cobra.Command, args []string) error {
-	o.Cluster, o.Request.Replace = args[0], args[1]
+func (o *ReplaceOptions) Complete(cmd *cobra.Command, args []string) error {
+	o.change.complete(cmd, args[:1])
+	o.change.req.target.Replace = args[1]
 	return nil
 }
 
-// Validate checks the flags; it reads nothing but the options.
+// Validate checks the flags; it changes nothing.
 func (o *ReplaceOptions) Validate() error {
-	return o.validate()
+	return o.change.validate()
 }
+
+// Run performs the replacement, or with --dry-run prints its plan.
+func (o *ReplaceOptions) Run(ctx context.Context) error { return o.change.run(ctx) }
+
+func (o *ReplaceOptions) where() (cluster, namespace string) { return o.change.req.where() }

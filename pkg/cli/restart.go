@@ -1,25 +1,27 @@
 package cli
 
 import (
+	"context"
+
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 )
 
 // RestartOptions replaces every control-plane machine, changing no spec.
 type RestartOptions struct {
-	changeOptions
+	change changeOptions
 }
 
 // NewRestartOptions returns the restart verb's defaults.
 func NewRestartOptions(streams genericiooptions.IOStreams) *RestartOptions {
-	return &RestartOptions{newChangeOptions(streams, "restart")}
+	return &RestartOptions{change: newChangeOptions(streams, "restart")}
 }
 
 // NewCmdRestart returns the restart verb. runF, when set, replaces Run, so
 // tests can see what the flags resolve to.
 func NewCmdRestart(root *RootOptions, runF func(*RestartOptions) error) *cobra.Command {
 	o := NewRestartOptions(root.Streams)
-	o.Management = root.ConfigFlags
+	o.change.req.conn.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "restart (CLUSTER | -l SELECTOR | -A)",
 		Short: "Replace every control-plane machine, one at a time",
@@ -37,18 +39,23 @@ again keeps its cut-off and never replaces a machine it created.`,
 			return runVerb(cmd, args, o, runF)
 		},
 	}
-	o.addFlags(cmd)
-	o.addFleetFlags(cmd.Flags())
+	o.change.addFlags(cmd)
+	o.change.addFleetFlags(cmd.Flags())
 	return cmd
 }
 
 // Complete takes the cluster's name, if given.
 func (o *RestartOptions) Complete(cmd *cobra.Command, args []string) error {
-	o.complete(cmd, args)
+	o.change.complete(cmd, args)
 	return nil
 }
 
-// Validate checks the flags; it reads nothing but the options.
+// Validate checks the flags; it changes nothing.
 func (o *RestartOptions) Validate() error {
-	return o.validate()
+	return o.change.validate()
 }
+
+// Run performs the restart, or with --dry-run prints its plan.
+func (o *RestartOptions) Run(ctx context.Context) error { return o.change.run(ctx) }
+
+func (o *RestartOptions) where() (cluster, namespace string) { return o.change.req.where() }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"math"
 	"strconv"
 	"strings"
@@ -10,26 +11,25 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
-	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // RolloutOptions replaces the machines that KCP finds outdated against the
 // KubeadmControlPlane's spec as it stands: a change applied under pause.
 type RolloutOptions struct {
-	changeOptions
+	change   changeOptions
 	expiring string // what --certificates-expiring-within holds
 }
 
 // NewRolloutOptions returns the rollout verb's defaults.
 func NewRolloutOptions(streams genericiooptions.IOStreams) *RolloutOptions {
-	return &RolloutOptions{changeOptions: newChangeOptions(streams, "rollout")}
+	return &RolloutOptions{change: newChangeOptions(streams, "rollout")}
 }
 
 // NewCmdRollout returns the rollout verb. runF, when set, replaces Run, so
 // tests can see what the flags resolve to.
 func NewCmdRollout(root *RootOptions, runF func(*RolloutOptions) error) *cobra.Command {
 	o := NewRolloutOptions(root.Streams)
-	o.Management = root.ConfigFlags
+	o.change.req.conn.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "rollout (CLUSTER | -l SELECTOR | -A) [--certificates-expiring-within DURATION]",
 		Short: "Roll out a change of the control plane's spec, one machine at a time",
@@ -56,35 +56,40 @@ spec.rollout.before.certificatesExpiryDays would, without writing that field.`,
 			return runVerb(cmd, args, o, runF)
 		},
 	}
-	o.addFlags(cmd)
-	o.addFleetFlags(cmd.Flags())
+	o.change.addFlags(cmd)
+	o.change.addFleetFlags(cmd.Flags())
 	cmd.Flags().StringVar(&o.expiring, "certificates-expiring-within", "", "Also replace the machines whose certificates expire within this time, in whole days: 30d or 720h")
 	return cmd
 }
 
-// Complete takes the cluster's name, if given.
+// Complete takes the cluster's name, if given, and puts the expiry window
+// in the request.
 func (o *RolloutOptions) Complete(cmd *cobra.Command, args []string) error {
-	o.complete(cmd, args)
+	o.change.complete(cmd, args)
+	// A bad value is Validate's to refuse.
+	o.change.req.target.CertificatesExpiryDays, _ = expiryDays(o.expiring)
 	return nil
 }
 
-// Validate checks the flags and puts the expiry window in the request; it
-// reads nothing but the options.
+// Validate checks the flags; it changes nothing.
 func (o *RolloutOptions) Validate() error {
-	if err := expiryWindow(&o.Request, o.expiring); err != nil {
+	if _, err := expiryDays(o.expiring); err != nil {
 		return err
 	}
-	return o.validate()
+	return o.change.validate()
 }
 
-// expiryWindow puts --certificates-expiring-within, when given, in r.
-func expiryWindow(r *rollout.Request, value string) error {
+// Run performs the rollout, or with --dry-run prints its plan.
+func (o *RolloutOptions) Run(ctx context.Context) error { return o.change.run(ctx) }
+
+func (o *RolloutOptions) where() (cluster, namespace string) { return o.change.req.where() }
+
+// expiryDays is --certificates-expiring-within in days; 0 when not given.
+func expiryDays(value string) (int32, error) {
 	if value == "" {
-		return nil
+		return 0, nil
 	}
-	days, err := parseDays("certificates-expiring-within", value)
-	r.CertificatesExpiryDays = days
-	return err
+	return parseDays("certificates-expiring-within", value)
 }
 
 // parseDays reads a time in whole days, as KCP's certificatesExpiryDays

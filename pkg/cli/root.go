@@ -148,7 +148,8 @@ control-plane machine, never lose etcd quorum).`,
 
 // verbOptions is what each verb's options do once cobra has parsed the
 // command line: Complete takes in the arguments and what the flags imply,
-// reading nothing else; Validate reads nothing but the options; Run works.
+// reading nothing else; Validate checks the options and changes nothing, so
+// that what a test sees after it is what Run gets; Run works.
 type verbOptions interface {
 	Complete(cmd *cobra.Command, args []string) error
 	Validate() error

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"context"
+
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
@@ -9,20 +11,20 @@ import (
 
 // ScaleOptions resizes a control plane one machine at a time.
 type ScaleOptions struct {
-	changeOptions
+	change   changeOptions
 	replicas int32 // what --replicas holds; Complete puts it in the request
 }
 
 // NewScaleOptions returns the scale verb's defaults.
 func NewScaleOptions(streams genericiooptions.IOStreams) *ScaleOptions {
-	return &ScaleOptions{changeOptions: newChangeOptions(streams, "scale")}
+	return &ScaleOptions{change: newChangeOptions(streams, "scale")}
 }
 
 // NewCmdScale returns the scale verb. runF, when set, replaces Run, so tests
 // can see what the flags resolve to.
 func NewCmdScale(root *RootOptions, runF func(*ScaleOptions) error) *cobra.Command {
 	o := NewScaleOptions(root.Streams)
-	o.Management = root.ConfigFlags
+	o.change.req.conn.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "scale (CLUSTER | -l SELECTOR | -A) --replicas N",
 		Short: "Resize a control plane, one machine at a time",
@@ -39,9 +41,9 @@ be odd. With -l/-A, every matching cluster is scaled, as upgrade does.`,
 			return runVerb(cmd, args, o, runF)
 		},
 	}
-	o.addFlags(cmd)
-	o.addFleetFlags(cmd.Flags())
-	cmd.Flags().BoolVar(&o.Request.ReplaceUnhealthy, "replace-unhealthy", false, "Replace first, as this run's first steps, the control-plane machines found broken before it starts (without it, the run refuses them and names the replace command)")
+	o.change.addFlags(cmd)
+	o.change.addFleetFlags(cmd.Flags())
+	cmd.Flags().BoolVar(&o.change.req.target.ReplaceUnhealthy, "replace-unhealthy", false, "Replace first, as this run's first steps, the control-plane machines found broken before it starts (without it, the run refuses them and names the replace command)")
 	cmd.Flags().Int32Var(&o.replicas, "replicas", o.replicas, "The number of control-plane machines wanted (required; odd with stacked etcd)")
 	return cmd
 }
@@ -49,20 +51,25 @@ be odd. With -l/-A, every matching cluster is scaled, as upgrade does.`,
 // Complete puts --replicas in the request only when it was given: its zero
 // value is a count, not "unset".
 func (o *ScaleOptions) Complete(cmd *cobra.Command, args []string) error {
-	o.complete(cmd, args)
+	o.change.complete(cmd, args)
 	if cmd.Flags().Changed("replicas") {
-		o.Request.Replicas = &o.replicas
+		o.change.req.target.Replicas = &o.replicas
 	}
 	return nil
 }
 
-// Validate checks the flags; it reads nothing but the options.
+// Validate checks the flags; it changes nothing.
 func (o *ScaleOptions) Validate() error {
-	if o.Request.Replicas == nil {
+	if o.change.req.target.Replicas == nil {
 		return exitcode.Usagef("--replicas is required, e.g. --replicas 3")
 	}
-	if err := validateTarget(o.Request); err != nil {
+	if err := validateTarget(o.change.req.target); err != nil {
 		return err
 	}
-	return o.validate()
+	return o.change.validate()
 }
+
+// Run performs the scale, or with --dry-run prints its plan.
+func (o *ScaleOptions) Run(ctx context.Context) error { return o.change.run(ctx) }
+
+func (o *ScaleOptions) where() (cluster, namespace string) { return o.change.req.where() }

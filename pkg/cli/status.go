@@ -23,9 +23,10 @@ import (
 
 // StatusOptions shows where a control plane stands.
 type StatusOptions struct {
-	connection
-	// printFlags are -o, --no-headers and --sort-by.
-	printFlags
+	conn connection
+	sel  selection
+	// output is -o, --no-headers and --sort-by.
+	output  printFlags
 	Streams genericiooptions.IOStreams
 	// Etcd adds, over a fleet, each workload cluster's etcd health.
 	Etcd bool
@@ -43,14 +44,14 @@ const defaultWatchInterval = 2 * time.Second
 
 // NewStatusOptions returns the status verb's defaults.
 func NewStatusOptions(streams genericiooptions.IOStreams) *StatusOptions {
-	return &StatusOptions{printFlags: printFlags{Output: "text"}, Streams: streams, Interval: defaultWatchInterval}
+	return &StatusOptions{output: printFlags{Output: "text"}, Streams: streams, Interval: defaultWatchInterval}
 }
 
 // NewCmdStatus returns the status verb. runF, when set, replaces Run, so tests
 // can see what the flags resolve to.
 func NewCmdStatus(root *RootOptions, runF func(*StatusOptions) error) *cobra.Command {
 	o := NewStatusOptions(root.Streams)
-	o.Management = root.ConfigFlags
+	o.conn.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "status (CLUSTER | -l SELECTOR | -A)",
 		Short: "Show a control plane: KCP, lock, machines, etcd members and the next step",
@@ -86,31 +87,29 @@ object per line for each change (over -l/-A, each cluster's row that changed).`,
 			return runVerb(cmd, args, o, runF)
 		},
 	}
-	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text, wide, json, yaml, name, jsonpath=TEMPLATE, go-template=TEMPLATE or custom-columns=HEADER:FIELD,... (jsonpath, go-template and custom-columns read the JSON of -o json; name and custom-columns print a line per machine, over -l/-A per cluster)")
+	cmd.Flags().StringVarP(&o.output.Output, "output", "o", o.output.Output, "Output format: text, wide, json, yaml, name, jsonpath=TEMPLATE, go-template=TEMPLATE or custom-columns=HEADER:FIELD,... (jsonpath, go-template and custom-columns read the JSON of -o json; name and custom-columns print a line per machine, over -l/-A per cluster)")
 	completeOutput(cmd, statusOutputs)
-	cmd.Flags().BoolVar(&o.NoHeaders, "no-headers", false, "With the text, wide and custom-columns formats: print no column headers")
-	cmd.Flags().StringVar(&o.SortBy, "sort-by", "", "Order the machines (over -l/-A, the clusters) by this field of their JSON, e.g. .created or '{.failureDomain}'")
-	o.addEtcdEndpointFlag(cmd.Flags())
-	o.addSelectionFlags(cmd.Flags())
+	cmd.Flags().BoolVar(&o.output.NoHeaders, "no-headers", false, "With the text, wide and custom-columns formats: print no column headers")
+	cmd.Flags().StringVar(&o.output.SortBy, "sort-by", "", "Order the machines (over -l/-A, the clusters) by this field of their JSON, e.g. .created or '{.failureDomain}'")
+	o.conn.addEtcdEndpointFlag(cmd.Flags())
+	o.sel.addFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&o.Etcd, "etcd", false, "With -l/-A: also read each workload cluster's etcd members and health (a single cluster's status always does)")
 	cmd.Flags().BoolVarP(&o.Watch, "watch", "w", false, "Show the status again as it changes, read afresh every --interval, until Ctrl-C")
 	cmd.Flags().DurationVar(&o.Interval, "interval", o.Interval, "With -w: how often the status is read afresh")
 	return cmd
 }
 
-// Complete takes the cluster's name, if given.
+// Complete takes the cluster's name, if given, and makes the printer -o
+// asks for.
 func (o *StatusOptions) Complete(cmd *cobra.Command, args []string) error {
-	o.completeCluster(args)
+	o.conn.completeCluster(args)
 	o.intervalGiven = cmd.Flags().Changed("interval")
-	return nil
+	return o.output.complete()
 }
 
-// Validate checks the flags; it reads nothing but the options.
+// Validate checks the flags; it changes nothing.
 func (o *StatusOptions) Validate() error {
-	if err := o.printFlags.validate(); err != nil {
-		return err
-	}
-	if err := o.validateSelection("status"); err != nil {
+	if err := validateSelection("status", o.conn.Cluster, o.sel); err != nil {
 		return err
 	}
 	switch {
@@ -118,18 +117,18 @@ func (o *StatusOptions) Validate() error {
 		return exitcode.Usagef("--interval needs -w: it is how often a watch reads the status")
 	case o.Interval <= 0:
 		return exitcode.Usagef("--interval must be positive, not %s", o.Interval)
-	case o.Watch && o.format == "yaml":
+	case o.Watch && o.output.format == "yaml":
 		// A YAML stream of changes would need document separators no one
 		// reads for; JSON Lines are what a program follows.
 		return exitcode.Usagef("-w cannot go with -o yaml: use -o json, which prints one object per line for each change")
 	}
-	return o.validateEtcdEndpoint()
+	return o.conn.validateEtcdEndpoint()
 }
 
 // Run prints the status to stdout, or with -w keeps printing it.
 func (o *StatusOptions) Run(ctx context.Context) error {
 	read := o.readFleet
-	if !o.fleet() {
+	if !o.sel.fleet() {
 		readCluster, closeEngine, err := o.clusterReader(ctx)
 		if err != nil {
 			return err
@@ -137,7 +136,7 @@ func (o *StatusOptions) Run(ctx context.Context) error {
 		defer closeEngine()
 		read = readCluster
 	}
-	if o.sortBy != nil {
+	if o.output.sortBy != nil {
 		read = o.sorted(read)
 	}
 	if o.Watch {
@@ -208,9 +207,9 @@ func (o *StatusOptions) sorted(read func(context.Context) (*statusView, error)) 
 		case err != nil:
 			return nil, err
 		case v.status != nil:
-			err = sortRows(v.status.Machines, o.sortBy)
+			err = sortRows(v.status.Machines, o.output.sortBy)
 		default:
-			err = sortRows(v.rows, o.sortBy)
+			err = sortRows(v.rows, o.output.sortBy)
 		}
 		return v, exitcode.New(exitcode.Usage, err)
 	}
@@ -221,12 +220,12 @@ func (o *StatusOptions) sorted(read func(context.Context) (*statusView, error)) 
 // connection (the permission check, the workload cluster's kubeconfig, the
 // etcd client) is set up once; every read through it is live.
 func (o *StatusOptions) clusterReader(ctx context.Context) (read func(context.Context) (*statusView, error), closeEngine func(), err error) {
-	engine, closeEngine, err := o.connect(ctx, viewOnly(o.Streams.ErrOut))
+	c, err := o.conn.connect(ctx, viewOnly(o.Streams.ErrOut))
 	if err != nil {
 		return nil, nil, err
 	}
 	// The first read takes the control plane connect has just read.
-	connected := engine.Connected
+	engine, connected := c.engine, c.first
 	return func(ctx context.Context) (*statusView, error) {
 		st, err := engine.Status(ctx, connected)
 		connected = nil
@@ -237,13 +236,15 @@ func (o *StatusOptions) clusterReader(ctx context.Context) (read func(context.Co
 			st.KCPController = kcpController(r.KCPControllerVersion(ctx))
 		}
 		return &statusView{status: st}, nil
-	}, closeEngine, nil
+	}, c.close, nil
 }
+
+func (o *StatusOptions) where() (cluster, namespace string) { return o.conn.where(&o.sel) }
 
 // print prints v as -o asks: the one path every format of status, with or
 // without -w, takes.
 func (o *StatusOptions) print(out io.Writer, v *statusView, now time.Time) error {
-	switch o.format {
+	switch o.output.format {
 	case "json":
 		if v.status != nil {
 			enc := json.NewEncoder(out)
@@ -274,7 +275,7 @@ func (o *StatusOptions) print(out io.Writer, v *statusView, now time.Time) error
 			if err != nil {
 				return err
 			}
-			if err := o.template.PrintObj(&unstructured.Unstructured{Object: obj}, out); err != nil {
+			if err := o.output.template.PrintObj(&unstructured.Unstructured{Object: obj}, out); err != nil {
 				return err
 			}
 		}
@@ -289,7 +290,7 @@ func (o *StatusOptions) print(out io.Writer, v *statusView, now time.Time) error
 	case "custom-columns":
 		return o.printCustomColumns(out, v.rowSet())
 	}
-	opts := tableOptions{Wide: o.format == "wide", NoHeaders: o.NoHeaders}
+	opts := tableOptions{Wide: o.output.format == "wide", NoHeaders: o.output.NoHeaders}
 	if v.status != nil {
 		return printStatus(out, v.status, opts, now)
 	}
@@ -298,8 +299,8 @@ func (o *StatusOptions) print(out io.Writer, v *statusView, now time.Time) error
 
 // printCustomColumns prints a line per row with -o custom-columns' cells.
 func (o *StatusOptions) printCustomColumns(out io.Writer, rows []row) error {
-	headers := make([]string, len(o.columns))
-	for i, c := range o.columns {
+	headers := make([]string, len(o.output.columns))
+	for i, c := range o.output.columns {
 		headers[i] = c.header
 	}
 	var cells [][]any
@@ -308,8 +309,8 @@ func (o *StatusOptions) printCustomColumns(out io.Writer, rows []row) error {
 		if err != nil {
 			return err
 		}
-		line := make([]any, len(o.columns))
-		for i, c := range o.columns {
+		line := make([]any, len(o.output.columns))
+		for i, c := range o.output.columns {
 			if line[i], err = cellOf(c, obj); err != nil {
 				return fmt.Errorf("-o custom-columns, column %s: %w", c.header, err)
 			}
@@ -317,7 +318,7 @@ func (o *StatusOptions) printCustomColumns(out io.Writer, rows []row) error {
 		cells = append(cells, line)
 	}
 	w := newTabWriter(out)
-	if err := printTable(w, tableColumns(headers), cells, tableOptions{NoHeaders: o.NoHeaders}); err != nil {
+	if err := printTable(w, tableColumns(headers), cells, tableOptions{NoHeaders: o.output.NoHeaders}); err != nil {
 		return err
 	}
 	return w.Flush()

@@ -20,17 +20,17 @@ const etcdReadsAtOnce = 8
 // readFleet reads one row per selected cluster, afresh at each call: -w
 // calls it every interval.
 func (o *StatusOptions) readFleet(ctx context.Context) (*statusView, error) {
-	scope, err := o.scope()
+	scope, err := o.conn.scope(o.sel)
 	if err != nil {
 		return nil, err
 	}
-	mgmt, err := o.managementReader()
+	mgmt, err := o.conn.managementReader()
 	if err != nil {
 		return nil, err
 	}
 	rows, err := fleet.Overview(ctx, mgmt, scope)
 	if err != nil {
-		return nil, o.firstContact(ctx, err)
+		return nil, o.conn.firstContact(ctx, err)
 	}
 	if len(rows) == 0 {
 		return nil, exitcode.Usagef("no Cluster %s", scope)
@@ -61,13 +61,13 @@ func (o *StatusOptions) readEtcd(ctx context.Context, rows []fleet.Row) {
 // etcdHealth reads one cluster's etcd members as a single cluster's status
 // does, without its permission check (the fleet's reads already passed).
 func (o *StatusOptions) etcdHealth(ctx context.Context, c fleet.Cluster) *fleet.EtcdHealth {
-	one := o.connection.forCluster(c)
-	engine, closeEngine, err := one.connect(ctx, noLoop)
+	one := o.conn.forCluster(c)
+	conn, err := one.connect(ctx, noLoop)
 	if err != nil {
 		return &fleet.EtcdHealth{Error: err.Error()}
 	}
-	defer closeEngine()
-	s, err := engine.ReadFirst(ctx, engine.Connected)
+	defer conn.close()
+	s, err := conn.engine.ReadFirst(ctx, conn.first)
 	if err != nil {
 		return &fleet.EtcdHealth{Error: err.Error()}
 	}

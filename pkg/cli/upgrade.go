@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -12,7 +13,7 @@ import (
 // UpgradeOptions replaces every control-plane machine of a cluster with one at
 // a new Kubernetes version.
 type UpgradeOptions struct {
-	changeOptions
+	change changeOptions
 	// WaitWorkers follows the topology controller's worker upgrade after the
 	// hand-back, for up to WorkersTimeout.
 	WaitWorkers    bool
@@ -21,14 +22,14 @@ type UpgradeOptions struct {
 
 // NewUpgradeOptions returns the upgrade verb's defaults.
 func NewUpgradeOptions(streams genericiooptions.IOStreams) *UpgradeOptions {
-	return &UpgradeOptions{changeOptions: newChangeOptions(streams, "upgrade"), WorkersTimeout: 30 * time.Minute}
+	return &UpgradeOptions{change: newChangeOptions(streams, "upgrade"), WorkersTimeout: 30 * time.Minute}
 }
 
 // NewCmdUpgrade returns the upgrade verb. runF, when set, replaces Run, so
 // tests can see what the flags resolve to.
 func NewCmdUpgrade(root *RootOptions, runF func(*UpgradeOptions) error) *cobra.Command {
 	o := NewUpgradeOptions(root.Streams)
-	o.Management = root.ConfigFlags
+	o.change.req.conn.Management = root.ConfigFlags
 	cmd := &cobra.Command{
 		Use:   "upgrade (CLUSTER | -l SELECTOR | -A) --version VERSION",
 		Short: "Upgrade a control plane to a Kubernetes version, one machine at a time",
@@ -71,40 +72,48 @@ listed and confirmed at the terminal, or needs --yes.`,
 			return runVerb(cmd, args, o, runF)
 		},
 	}
-	o.addFlags(cmd)
-	o.addFleetFlags(cmd.Flags())
-	cmd.Flags().StringVar(&o.Request.Version, "version", "", "The Kubernetes version to upgrade to, e.g. v1.36.3 (required)")
-	cmd.Flags().StringVar(&o.Request.Template, "infrastructure-template", "", "The InfraMachineTemplate the new machines are made from, with --version (of the kind and namespace the KubeadmControlPlane uses today): a new machine image with the version")
-	cmd.Flags().StringSliceVar(&o.Request.Via, "via", nil, "Versions to pass through first, one complete rollout each, in order: one of each minor between the control plane's and --version, e.g. --via v1.35.2")
-	cmd.Flags().BoolVar(&o.Request.ReplaceUnhealthy, "replace-unhealthy", false, "Replace first, as this run's first steps, the control-plane machines found broken before it starts (without it, the run refuses them and names the replace command)")
+	o.change.addFlags(cmd)
+	o.change.addFleetFlags(cmd.Flags())
+	target := &o.change.req.target
+	cmd.Flags().StringVar(&target.Version, "version", "", "The Kubernetes version to upgrade to, e.g. v1.36.3 (required)")
+	cmd.Flags().StringVar(&target.Template, "infrastructure-template", "", "The InfraMachineTemplate the new machines are made from, with --version (of the kind and namespace the KubeadmControlPlane uses today): a new machine image with the version")
+	cmd.Flags().StringSliceVar(&target.Via, "via", nil, "Versions to pass through first, one complete rollout each, in order: one of each minor between the control plane's and --version, e.g. --via v1.35.2")
+	cmd.Flags().BoolVar(&target.ReplaceUnhealthy, "replace-unhealthy", false, "Replace first, as this run's first steps, the control-plane machines found broken before it starts (without it, the run refuses them and names the replace command)")
 	cmd.Flags().BoolVar(&o.WaitWorkers, "wait-workers", false, "On a ClusterClass (topology) cluster, also wait until the topology controller has upgraded every MachineDeployment to VERSION")
 	cmd.Flags().DurationVar(&o.WorkersTimeout, "workers-timeout", o.WorkersTimeout, "How long --wait-workers waits for the workers")
-	cmd.Flags().DurationVar(&o.Timeouts.Topology, "topology-timeout", o.Timeouts.Topology, "On a ClusterClass (topology) cluster, how long the topology controller may take to copy VERSION from the Cluster into the KubeadmControlPlane (BeforeClusterUpgrade hooks can hold it)")
+	cmd.Flags().DurationVar(&o.change.wait.Timeouts.Topology, "topology-timeout", o.change.wait.Timeouts.Topology, "On a ClusterClass (topology) cluster, how long the topology controller may take to copy VERSION from the Cluster into the KubeadmControlPlane (BeforeClusterUpgrade hooks can hold it)")
 	return cmd
 }
 
-// Complete takes the cluster's name, if given.
+// Complete takes the cluster's name, if given, and gives --wait-workers its
+// time.
 func (o *UpgradeOptions) Complete(cmd *cobra.Command, args []string) error {
-	o.complete(cmd, args)
+	o.change.complete(cmd, args)
+	if o.WaitWorkers {
+		o.change.wait.Timeouts.Workers = o.WorkersTimeout
+	}
 	return nil
 }
 
-// Validate checks the flags; it reads nothing but the options.
+// Validate checks the flags; it changes nothing.
 func (o *UpgradeOptions) Validate() error {
-	if o.Request.Version == "" {
+	target, timeouts := o.change.req.target, o.change.wait.Timeouts
+	if target.Version == "" {
 		return exitcode.Usagef("--version is required, e.g. --version v1.36.3")
 	}
-	if err := validateTarget(o.Request); err != nil {
+	if err := validateTarget(target); err != nil {
 		return err
 	}
-	if o.Timeouts.Topology <= 0 {
-		return exitcode.Usagef("--topology-timeout must be positive, not %s", o.Timeouts.Topology)
+	if timeouts.Topology <= 0 {
+		return exitcode.Usagef("--topology-timeout must be positive, not %s", timeouts.Topology)
 	}
-	if o.WaitWorkers {
-		if o.WorkersTimeout <= 0 {
-			return exitcode.Usagef("--workers-timeout must be positive, not %s", o.WorkersTimeout)
-		}
-		o.Timeouts.Workers = o.WorkersTimeout
+	if o.WaitWorkers && o.WorkersTimeout <= 0 {
+		return exitcode.Usagef("--workers-timeout must be positive, not %s", o.WorkersTimeout)
 	}
-	return o.validate()
+	return o.change.validate()
 }
+
+// Run performs the upgrade, or with --dry-run prints its plan.
+func (o *UpgradeOptions) Run(ctx context.Context) error { return o.change.run(ctx) }
+
+func (o *UpgradeOptions) where() (cluster, namespace string) { return o.change.req.where() }

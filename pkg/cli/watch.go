@@ -49,7 +49,7 @@ func (o *StatusOptions) watcher() *watcher {
 	return &watcher{
 		interval: o.Interval,
 		terminal: progress.IsTerminal(o.Streams.Out),
-		json:     o.format == "json",
+		json:     o.output.format == "json",
 		out:      o.Streams.Out,
 		errOut:   o.Streams.ErrOut,
 		now:      time.Now,
