@@ -38,7 +38,7 @@ TEST_TIMEOUT   ?= 45m
 # -parallel, GOMAXPROCS by default). Simulator scenarios mostly wait on
 # provisioning delays, etcd's health interval and Lease expiry, so more of them
 # than cores fit; the simulator start-ups, which do not wait, are limited to
-# two at a time by pkg/sim/simtest.
+# two at a time by internal/sim/simtest.
 TEST_PARALLEL  ?= 4
 
 .PHONY: all build plugin demo sim test test-e2e test-packages test-long test-runbooks test-faults test-capi capi-binaries bench bench-fleet bench-startup envtest lint release-check clean
@@ -119,11 +119,11 @@ test-packages:
 
 test-runbooks: envtest plugin $(if $(TEST_SUMMARY),$(GOTESTSUM)) ## the recovery runbooks and every-change rollouts end to end, and the simulator's faults and changes
 	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GOTEST) $(TEST_FLAGS) -run '$(RUNBOOKS)' ./test/e2e
-	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -run '$(SIM_RUNBOOKS)' ./pkg/sim
+	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -run '$(SIM_RUNBOOKS)' ./internal/sim
 
 test-long: envtest plugin $(if $(TEST_SUMMARY),$(GOTESTSUM)) ## the long suite: a ClusterClass cluster upgraded two minors with its workers, least privilege under the audit log, fleets of four clusters, simulators sharing a namespace, KCP alone replacing a dead machine
 	$(TEST_ENV) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin $(GOTEST) $(TEST_FLAGS) -run '$(LONG)' ./test/e2e
-	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -run '$(SIM_LONG)' ./pkg/sim
+	$(TEST_ENV) $(GOTEST) $(TEST_FLAGS) -run '$(SIM_LONG)' ./internal/sim
 
 # Each release's core, kubeadm bootstrap and KCP managers, built from the Go
 # module proxy once and cached outside the checkout (the first build of a

@@ -10,8 +10,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
+	"github.com/cp-rollout/cp-rollout/internal/sim/member"
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 )
 
 // testCluster is a real etcd cluster of embedded members, one per simulated node, each on

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
+	"github.com/cp-rollout/cp-rollout/internal/sim/member"
 )
 
 // strictReconfig keeps etcd's default refusal of membership changes while members it

@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/certs"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
+	"github.com/cp-rollout/cp-rollout/internal/sim/member"
 )
 
 // heard is what a member is told of the name it is dialled under.

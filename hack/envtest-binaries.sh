@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the kube-apiserver and etcd binaries that envtest (pkg/sim and the
+# Builds the kube-apiserver and etcd binaries that envtest (internal/sim and the
 # end-to-end tests) runs, from the Go module proxy via the hack/tools module,
 # and prints the directory holding them. Nothing is built when both binaries are
 # already cached, so `make test` can call this every time.

@@ -23,7 +23,7 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim"
+	"github.com/cp-rollout/cp-rollout/internal/sim"
 )
 
 // faultOptions are `cp-rollout-sim fault`'s: set or remove one fault in the

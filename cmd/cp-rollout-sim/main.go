@@ -1,5 +1,5 @@
 // Command cp-rollout-sim runs the simulated Cluster API management and
-// workload clusters (see pkg/sim) in the foreground, for demos, manual runs of
+// workload clusters (see internal/sim) in the foreground, for demos, manual runs of
 // the plugin and rehearsing runbooks.
 //
 //	cp-rollout-sim up --kubeconfig-out FILE [--cluster demo] [--namespace default]
@@ -32,7 +32,7 @@
 // certs-expire-in=10d) in the sim.cp-rollout.io/fault annotation of a
 // Machine or the Cluster of a running simulator, as kubectl annotate would,
 // and waits until the simulator reports it in effect; `fault --help` lists
-// the faults (pkg/sim FaultCatalogue).
+// the faults (internal/sim FaultCatalogue).
 package main
 
 import (
@@ -56,7 +56,7 @@ import (
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim"
+	"github.com/cp-rollout/cp-rollout/internal/sim"
 )
 
 const (

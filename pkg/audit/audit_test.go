@@ -15,9 +15,9 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"github.com/cp-rollout/cp-rollout/internal/sim/apiservertest"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/apiservertest"
 )
 
 type discard struct{ n int }

@@ -7,8 +7,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim/manifests"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
+	"github.com/cp-rollout/cp-rollout/internal/sim/manifests"
+	"github.com/cp-rollout/cp-rollout/internal/sim/member"
 )
 
 // apiServer starts a real kube-apiserver with etcd and the CAPI CRDs the

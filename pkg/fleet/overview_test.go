@@ -16,11 +16,11 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
+	"github.com/cp-rollout/cp-rollout/internal/sim"
+	"github.com/cp-rollout/cp-rollout/internal/sim/apiservertest"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/pkg/runlock"
-	"github.com/cp-rollout/cp-rollout/pkg/sim"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/apiservertest"
 )
 
 // On a real API server with Cluster API's CRDs: a fleet of inert clusters,

@@ -17,8 +17,8 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"github.com/cp-rollout/cp-rollout/internal/sim/apiservertest"
 	"github.com/cp-rollout/cp-rollout/pkg/requests"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/apiservertest"
 )
 
 // TestDrainEvictsWhatClusterAPIWould, on a real API server: the node is

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim/apiservertest"
+	"github.com/cp-rollout/cp-rollout/internal/sim/apiservertest"
 )
 
 // TestNodesReadsTheControlPlaneByLabel: nodes and static pods are found as KCP

@@ -16,8 +16,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
+	"github.com/cp-rollout/cp-rollout/internal/sim"
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 )
 
 // capiReleases are the Cluster API releases whose own controller binaries
@@ -43,7 +43,7 @@ var capiScenarios = []string{
 // charge again, reports every machine up to date by its own conditions and
 // creates or deletes nothing for 30 s: the tool's machines are the ones this
 // KCP would have made. `make test-capi`; the releases' binaries are built on
-// first use (pkg/sim BuildRelease) and cached.
+// first use (internal/sim BuildRelease) and cached.
 func TestCAPIReleases(t *testing.T) {
 	for _, release := range capiReleases {
 		t.Run(release, func(t *testing.T) {

@@ -13,8 +13,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
+	"github.com/cp-rollout/cp-rollout/internal/sim"
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 )
 
 // A cluster built from a ClusterClass that declares its Kubernetes versions

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
+	"github.com/cp-rollout/cp-rollout/internal/sim"
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 )
 
 // fullKillMatrix runs every operation of the matrix and kills at every step

@@ -14,9 +14,9 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"github.com/cp-rollout/cp-rollout/internal/sim"
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 	"github.com/cp-rollout/cp-rollout/pkg/record"
-	"github.com/cp-rollout/cp-rollout/pkg/sim"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // A run that fails mid-rollout on an unsafe state (an old machine's etcd

@@ -19,10 +19,10 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/cp-rollout/cp-rollout/internal/sim"
+	"github.com/cp-rollout/cp-rollout/internal/sim/apiservertest"
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
-	"github.com/cp-rollout/cp-rollout/pkg/sim"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/apiservertest"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // The fleet a status -A benchmark reads: inert clusters of five machines.

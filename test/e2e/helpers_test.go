@@ -13,8 +13,8 @@ import (
 
 	"sigs.k8s.io/cluster-api/util/secret"
 
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 	"github.com/cp-rollout/cp-rollout/pkg/runlock"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 func TestMain(m *testing.M) { simtest.Main(m) }

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
+	"github.com/cp-rollout/cp-rollout/internal/sim"
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 )
 
 // A control plane two minors behind: without --via the skip is refused,

@@ -26,8 +26,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 	"github.com/cp-rollout/cp-rollout/pkg/runlock"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // gate is a validating admission webhook on the management API server that

@@ -26,9 +26,9 @@ import (
 	"sigs.k8s.io/cluster-api/util/test/builder"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/internal/sim"
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 	"github.com/cp-rollout/cp-rollout/pkg/record"
-	"github.com/cp-rollout/cp-rollout/pkg/sim"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // monitor watches a scenario from the outside, every 100 ms, and records every

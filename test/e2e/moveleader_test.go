@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )

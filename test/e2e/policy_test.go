@@ -14,8 +14,8 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 	"github.com/cp-rollout/cp-rollout/pkg/record"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // A ValidatingAdmissionPolicy of the platform team's (as Kyverno or

@@ -15,8 +15,8 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 	"github.com/cp-rollout/cp-rollout/pkg/record"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
 )
 
 // The rollouts of what KCP rolls out besides a version: a spec change made

@@ -16,7 +16,7 @@ import (
 
 	"sigs.k8s.io/cluster-api/util/secret"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 )
 
 // The tool holds the cluster's etcd CA key and mints client keys from it. None

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 )
 
 // A learner a failed join left behind (added, never started, owned by no

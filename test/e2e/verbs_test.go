@@ -17,9 +17,9 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/secret"
 
-	"github.com/cp-rollout/cp-rollout/pkg/sim"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/member"
-	"github.com/cp-rollout/cp-rollout/pkg/sim/simtest"
+	"github.com/cp-rollout/cp-rollout/internal/sim"
+	"github.com/cp-rollout/cp-rollout/internal/sim/member"
+	"github.com/cp-rollout/cp-rollout/internal/sim/simtest"
 )
 
 // fastOptions is a simulator whose machines come and go within a second or two.
