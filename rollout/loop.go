@@ -85,10 +85,15 @@ func waits(next Step) bool {
 // one from the caches read after prev: the turn after a step mostly starts a
 // wait, and a wait needs no live read. A wait ends when a live read shows
 // something else to do; reading again before doing it would only add a round
-// trip to every reaction.
+// trip to every reaction. The first turn (no prev) reads live: it follows no
+// step of the loop's, so its next step is as likely to act as to wait, and
+// a step that acts needs the live read anyway.
 func (e *Engine) takeOrRead(ctx context.Context, ended, prev *Snapshot) (*Snapshot, error) {
-	if ended != nil {
+	switch {
+	case ended != nil:
 		return ended, nil
+	case prev == nil:
+		return e.read(ctx)
 	}
 	return e.readWith(ctx, true, prev)
 }

@@ -807,8 +807,8 @@ func TestConvergeDrain(t *testing.T) {
 
 // TestWaitsReadTheCachesAndStepsAreDecidedLive: with caches that lag a
 // stage behind the world, every wait reads the caches, yet every step is
-// decided on a live read taken after the last cached one, and the rollout
-// keeps its invariants.
+// decided on a live read taken after the last cached one (the first turn's
+// at once), and the rollout keeps its invariants.
 func TestWaitsReadTheCachesAndStepsAreDecidedLive(t *testing.T) {
 	old := machineSpec{outdated: true}
 	f := newScripted(world(machineSpec{outdated: true, leader: true}, old, old))
@@ -838,6 +838,11 @@ func TestWaitsReadTheCachesAndStepsAreDecidedLive(t *testing.T) {
 	}
 	if steps == 0 || live >= cached {
 		t.Fatalf("%d steps, %d live and %d cached reads: the waits did not read the caches:\n%s", steps, live, cached, strings.Join(f.trace, "\n"))
+	}
+	// The first turn follows no step: it reads live at once, and its step
+	// (the first create) follows that one read.
+	if len(f.trace) < 2 || f.trace[0] != "read" || f.trace[1] == "read" || f.trace[1] == "cached-read" {
+		t.Fatalf("the first turn began %v; want one live read, then its step", f.trace[:min(len(f.trace), 3)])
 	}
 	if f.maxMachines > 4 || f.minHealthyVoters < 2 {
 		t.Fatalf("up to %d machines and down to %d healthy voters", f.maxMachines, f.minHealthyVoters)
