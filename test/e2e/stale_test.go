@@ -20,6 +20,12 @@ func TestStaleLearnerRemoved(t *testing.T) {
 	mon := watchInvariants(t, e, 4, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	// Held by `pause` first: KCP's own reconcileEtcdMembers would otherwise
+	// remove the stray learner itself, as soon as it sees it, and the run
+	// would race it. The upgrade takes the pause over.
+	if r := e.Plugin(t, ctx, "pause", "demo", "--reason", "a stray learner to clean up"); r.Code != 0 {
+		t.Fatalf("pause: exit %d\n%s", r.Code, r.Stderr)
+	}
 	id, err := e.Sim.AddStrayLearner(ctx, "https://127.0.0.250:2380")
 	if err != nil {
 		t.Fatal(err)
