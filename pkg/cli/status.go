@@ -127,8 +127,14 @@ func (o *StatusOptions) Validate() error {
 
 // Run prints the status to stdout, or with -w keeps printing it.
 func (o *StatusOptions) Run(ctx context.Context) error {
-	read := o.readFleet
-	if !o.sel.fleet() {
+	var read func(context.Context) (*statusView, error)
+	if o.sel.fleet() {
+		readFleet, err := o.fleetReader()
+		if err != nil {
+			return err
+		}
+		read = readFleet
+	} else {
 		readCluster, closeEngine, err := o.clusterReader(ctx)
 		if err != nil {
 			return err

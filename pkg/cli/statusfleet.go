@@ -17,9 +17,10 @@ import (
 // port-forward per member through its workload API server.
 const etcdReadsAtOnce = 8
 
-// readFleet reads one row per selected cluster, afresh at each call: -w
-// calls it every interval.
-func (o *StatusOptions) readFleet(ctx context.Context) (*statusView, error) {
+// fleetReader returns what reads one row per selected cluster, afresh at
+// each call: -w calls it every interval. The selection and the management
+// cluster's client are set up once; every list through them is live.
+func (o *StatusOptions) fleetReader() (read func(context.Context) (*statusView, error), err error) {
 	scope, err := o.conn.scope(o.sel)
 	if err != nil {
 		return nil, err
@@ -28,17 +29,19 @@ func (o *StatusOptions) readFleet(ctx context.Context) (*statusView, error) {
 	if err != nil {
 		return nil, err
 	}
-	rows, err := fleet.Overview(ctx, mgmt, scope)
-	if err != nil {
-		return nil, o.conn.firstContact(ctx, err)
-	}
-	if len(rows) == 0 {
-		return nil, exitcode.Usagef("no Cluster %s", scope)
-	}
-	if o.Etcd {
-		o.readEtcd(ctx, rows)
-	}
-	return &statusView{rows: rows}, nil
+	return func(ctx context.Context) (*statusView, error) {
+		rows, err := fleet.Overview(ctx, mgmt, scope)
+		if err != nil {
+			return nil, o.conn.firstContact(ctx, err)
+		}
+		if len(rows) == 0 {
+			return nil, exitcode.Usagef("no Cluster %s", scope)
+		}
+		if o.Etcd {
+			o.readEtcd(ctx, rows)
+		}
+		return &statusView{rows: rows}, nil
+	}, nil
 }
 
 // readEtcd fills each row's etcd health, etcdReadsAtOnce clusters at a time.
