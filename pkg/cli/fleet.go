@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -352,13 +351,13 @@ func printFleet(out io.Writer, output string, rows []fleetRow, code int) error {
 		if code != exitcode.OK {
 			phase = progress.Failed
 		}
-		return json.NewEncoder(out).Encode(struct {
+		return writeJSON(out, struct {
 			Time     time.Time      `json:"time"`
 			Action   string         `json:"action"`
 			Phase    progress.Phase `json:"phase"`
 			ExitCode int            `json:"exitCode"`
 			Clusters []fleetRow     `json:"clusters"`
-		}{time.Now(), progress.FleetAction, phase, code, rows})
+		}{time.Now(), progress.FleetAction, phase, code, rows}, true)
 	}
 	var cells [][]any
 	for _, r := range rows {

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 
@@ -147,12 +146,7 @@ func (o *HandbackOptions) handback(ctx context.Context, inFleet bool) error {
 // on one line in a fleet (JSON Lines).
 func printHandedBack(out io.Writer, output string, inFleet bool, h handedBack) error {
 	if output == "json" {
-		if inFleet {
-			return writeJSONLine(out, h)
-		}
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(h)
+		return writeJSON(out, h, inFleet)
 	}
 	prefix := ""
 	if inFleet {

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -395,18 +394,14 @@ func printPlan(out io.Writer, format string, jsonLines bool, req rollout.Request
 		}
 	}
 	if format == "json" {
-		enc := json.NewEncoder(out)
-		if !jsonLines {
-			enc.SetIndent("", "  ")
-		}
 		cluster := p.Snapshot.CP.Cluster
-		return enc.Encode(struct {
+		return writeJSON(out, struct {
 			Cluster   string        `json:"cluster"`
 			Namespace string        `json:"namespace"`
 			Operation string        `json:"operation"`
 			Target    string        `json:"target"`
 			Steps     []plannedStep `json:"steps"`
-		}{cluster.Name, cluster.Namespace, req.Operation, req.TargetString(), planned})
+		}{cluster.Name, cluster.Namespace, req.Operation, req.TargetString(), planned}, jsonLines)
 	}
 	if len(planned) == 0 {
 		_, err := fmt.Fprintln(out, nothingToDoFor(req))

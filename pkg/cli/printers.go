@@ -208,8 +208,7 @@ func sortRows[T any](rows []T, by *jsonpath.JSONPath) error {
 }
 
 func compareValues(a, b any) int {
-	switch {
-	case a == nil || b == nil:
+	if a == nil || b == nil {
 		return cmp.Compare(boolInt(a != nil), boolInt(b != nil))
 	}
 	if x, ok := number(a); ok {
@@ -283,8 +282,13 @@ func age(t, now time.Time) string {
 	return duration.HumanDuration(now.Sub(t))
 }
 
-// writeJSONLine writes v as one compact JSON object on a line of its own:
-// the form of -o json over several clusters and under -w (JSON Lines).
-func writeJSONLine(w io.Writer, v any) error {
-	return json.NewEncoder(w).Encode(v)
+// writeJSON writes v as -o json prints an object: indented, or with oneLine
+// compact on a line of its own, the form over several clusters and under -w
+// (JSON Lines).
+func writeJSON(w io.Writer, v any, oneLine bool) error {
+	enc := json.NewEncoder(w)
+	if !oneLine {
+		enc.SetIndent("", "  ")
+	}
+	return enc.Encode(v)
 }

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -253,13 +252,11 @@ func (o *StatusOptions) print(out io.Writer, v *statusView, now time.Time) error
 	switch o.output.format {
 	case "json":
 		if v.status != nil {
-			enc := json.NewEncoder(out)
-			enc.SetIndent("", "  ")
-			return enc.Encode(v.status)
+			return writeJSON(out, v.status, false)
 		}
 		// Over a fleet, JSON Lines: a row a line, as each cluster is read.
 		for _, r := range v.rows {
-			if err := writeJSONLine(out, r); err != nil {
+			if err := writeJSON(out, r, true); err != nil {
 				return err
 			}
 		}

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -65,9 +64,7 @@ type versionInfo struct {
 func (o *VersionOptions) Run(context.Context) error {
 	info := versionInfo{Info: version.Get(), ProvenKCP: rollout.ProvenKCPRange()}
 	if o.Output == "json" {
-		enc := json.NewEncoder(o.Streams.Out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(info)
+		return writeJSON(o.Streams.Out, info, false)
 	}
 	// The proven range has a line of its own: scripts match the first
 	// line's "kubectl-cp_rollout VERSION " (hack/release-check.sh).

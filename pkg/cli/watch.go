@@ -105,7 +105,7 @@ func (w *watcher) show(v *statusView) error {
 				continue
 			}
 			w.printed[d.id] = steady
-			if err := writeJSONLine(w.out, d.v); err != nil {
+			if err := writeJSON(w.out, d.v, true); err != nil {
 				return err
 			}
 		}
