@@ -16,12 +16,12 @@ package inplace
 
 import (
 	"fmt"
-	"k8s.io/utils/ptr"
+	"maps"
 	"slices"
-	"sort"
 	"strconv"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/utils/ptr"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -76,12 +76,12 @@ func Drift(cp *kcpstate.ControlPlane, m *clusterv1.Machine) []string {
 // values KCP gives them (its own labels win over the template's), to have.
 func metadataDrift(prefix string, haveLabels, haveAnnotations map[string]string, tmpl clusterv1.ObjectMeta, labels, annotations map[string]string) []string {
 	var drift []string
-	for _, k := range sortedKeys(tmpl.Labels) {
+	for _, k := range slices.Sorted(maps.Keys(tmpl.Labels)) {
 		if v, ok := haveLabels[k]; !ok || v != labels[k] {
 			drift = append(drift, fmt.Sprintf("%slabel %s=%s", prefix, k, labels[k]))
 		}
 	}
-	for _, k := range sortedKeys(tmpl.Annotations) {
+	for _, k := range slices.Sorted(maps.Keys(tmpl.Annotations)) {
 		if v, ok := haveAnnotations[k]; !ok || v != annotations[k] {
 			drift = append(drift, fmt.Sprintf("%sannotation %s", prefix, k))
 		}
@@ -130,15 +130,6 @@ func deletionDrift(kcp *controlplanev1.KubeadmControlPlane, m, synced *clusterv1
 		drift = append(drift, "taints")
 	}
 	return drift
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 func seconds(v *int32) string {
