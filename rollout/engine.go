@@ -110,6 +110,10 @@ type HandOver interface {
 	Resume(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
 	Restore(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, rec record.Record) error
 	Complete(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) error
+	// SetRemediation sets KCP's remediation-in-progress annotation on kcp
+	// to value, or removes it when value is "": the bookkeeping KCP keeps
+	// when it remediates, kept by the run in its stead.
+	SetRemediation(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, value string) error
 	// RecordFailure adds a failed run's reason to the record on kcp, as
 	// just read, while its pause stands.
 	RecordFailure(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, f record.Failure) error

@@ -2,10 +2,12 @@ package rollout
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/blang/semver/v4"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -80,26 +82,153 @@ func Due(s *Snapshot, t Target) collections.Machines {
 // Condemned returns the machines to replace before anything else, healthy or
 // not: the machine named for replacement, those the run was asked to replace
 // because it found them broken (--replace-unhealthy), and those a
-// MachineHealthCheck marked for remediation (OwnerRemediated=False), which
-// KCP too replaces before any rollout step. A condemned machine's ill health
-// holds nothing up: it is about to go, and the guards judge the control plane
-// without it. Never a deleting machine: it is already going.
+// MachineHealthCheck condemned whose remediation KCP's spec.remediation allows
+// now (Remediable), which KCP too replaces before any rollout step. A
+// condemned machine's ill health holds nothing up: it is about to go, and the
+// guards judge the control plane without it. Never a deleting machine: it is
+// already going.
 func Condemned(s *Snapshot, t Target) collections.Machines {
 	named := sets.New(t.Condemned...)
 	if t.Replace != "" {
 		named.Insert(t.Replace)
 	}
 	return s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp), func(m *clusterv1.Machine) bool {
-		return m != nil && (named.Has(m.Name) || RemediationWanted(m))
+		return m != nil && (named.Has(m.Name) || Remediable(s, m))
 	})
 }
 
-// RemediationWanted reports whether a MachineHealthCheck has condemned m:
-// its OwnerRemediated condition is False until the owner (KCP, or this tool
-// in its stead) replaces it. The MachineHealthCheck controller keeps writing
-// it while KCP is paused.
-func RemediationWanted(m *clusterv1.Machine) bool {
-	return m != nil && conditions.IsFalse(m, clusterv1.MachineOwnerRemediatedCondition)
+// MHCCondemned reports whether a MachineHealthCheck has condemned m for its
+// owner (KCP, or this tool in its stead) to replace, as KCP reads it
+// (collections.IsUnhealthyAndOwnerRemediated): HealthCheckSucceeded=False and
+// OwnerRemediated=False. A machine the check flagged and then found healthy
+// again (HealthCheckSucceeded=True) is not, whatever OwnerRemediated still
+// says. The MachineHealthCheck controller keeps writing both while KCP is
+// paused.
+func MHCCondemned(m *clusterv1.Machine) bool {
+	return collections.IsUnhealthyAndOwnerRemediated(m)
+}
+
+// Remediable reports whether m is condemned by a MachineHealthCheck
+// (MHCCondemned) and KCP's spec.remediation allows its replacement now
+// (RemediationHeld says nothing).
+func Remediable(s *Snapshot, m *clusterv1.Machine) bool {
+	return MHCCondemned(m) && RemediationHeld(s, m) == ""
+}
+
+// Remediation is what KCP records of a remediation, in the KubeadmControlPlane's
+// remediation-in-progress annotation while the replacement is to come, and
+// then in the replacement's remediation-for annotation (KCP's
+// RemediationData, whose package, the KCP controller's, would link the
+// whole controller into the plugin; TestRemediationIsKCPs holds the two
+// together).
+type Remediation struct {
+	// Machine is the machine remediated.
+	Machine string `json:"machine"`
+	// Timestamp is when its remediation began.
+	Timestamp metav1.Time `json:"timestamp"`
+	// RetryCount counts the replacements of replacements that failed
+	// within spec.remediation.minHealthyPeriodSeconds.
+	RetryCount int `json:"retryCount"`
+}
+
+// RemediationFor is the remediation to record when m is deleted to be
+// replaced, and why KCP's spec.remediation holds it back now ("" when it
+// does not): KCP's checkRetryLimits (CAPI v1.14.2, controlplane/kubeadm/
+// reconcilers/kubeadmcontrolplane/remediation.go). A machine that is itself
+// the replacement of one remediated less than minHealthyPeriodSeconds ago
+// (default 3600) is a retry: it waits out retryPeriodSeconds since that
+// remediation, and is not replaced once maxRetry retries are spent.
+func RemediationFor(s *Snapshot, m *clusterv1.Machine) (Remediation, string) {
+	now := s.Now.UTC()
+	next := Remediation{Machine: m.Name, Timestamp: metav1.NewTime(now)}
+	last, err := remediationOf(m.Annotations[controlplanev1.RemediationForAnnotation])
+	if err != nil || last == nil {
+		return next, ""
+	}
+	spec := s.CP.KCP.Spec.Remediation
+	minHealthy := time.Duration(ptr.Deref(spec.MinHealthyPeriodSeconds, controlplanev1.DefaultMinHealthyPeriodSeconds)) * time.Second
+	retryPeriod := time.Duration(ptr.Deref(spec.RetryPeriodSeconds, 0)) * time.Second
+	lastTime := last.Timestamp.Time
+	if lastTime.IsZero() {
+		lastTime = now.Add(-2 * max(minHealthy, retryPeriod))
+	}
+	if !lastTime.Add(minHealthy).After(now) {
+		return next, "" // healthy long enough: a new sequence
+	}
+	next.RetryCount = last.RetryCount
+	if lastTime.Add(retryPeriod).After(now) {
+		return next, fmt.Sprintf("machine %s replaced a machine remediated at %s, and spec.remediation.retryPeriodSeconds (%s) has not passed since",
+			m.Name, lastTime.Format(time.RFC3339), retryPeriod)
+	}
+	if spec.MaxRetry != nil && next.RetryCount >= int(*spec.MaxRetry) {
+		return next, fmt.Sprintf("machine %s is the %d. replacement in a row that failed within spec.remediation.minHealthyPeriodSeconds (%s), and spec.remediation.maxRetry is %d",
+			m.Name, next.RetryCount+1, minHealthy, *spec.MaxRetry)
+	}
+	next.RetryCount++
+	return next, ""
+}
+
+// RemediationHeld says why KCP's spec.remediation holds back the remediation
+// of m now, "" when it does not (RemediationFor).
+func RemediationHeld(s *Snapshot, m *clusterv1.Machine) string {
+	_, held := RemediationFor(s, m)
+	return held
+}
+
+// remediationOf parses a remediation annotation's value; nil for none.
+func remediationOf(value string) (*Remediation, error) {
+	if value == "" {
+		return nil, nil
+	}
+	r := &Remediation{}
+	if err := json.Unmarshal([]byte(value), r); err != nil {
+		return nil, fmt.Errorf("remediation record %q: %w", value, err)
+	}
+	return r, nil
+}
+
+// Marshal is the annotation value of r.
+func (r Remediation) Marshal() string {
+	b, _ := json.Marshal(r) // a struct of a string, a time and an int always marshals
+	return string(b)
+}
+
+// RemediationInProgress reports whether the KubeadmControlPlane records a
+// remediation whose replacement is still to come (KCP's
+// remediation-in-progress annotation, which KCP, and this tool in its
+// stead, sets when it deletes a broken machine to replace it and removes
+// when it creates the next machine). While it is there a replacement may
+// join a control plane that is not wholly healthy, under KCP's
+// checkHealthinessWhileRemediationInProgress (SafeToAdd).
+//
+// A machine created after the remediation began is its replacement: then the
+// annotation is stale (a run stopped between the create and the annotation's
+// removal), as KCP's reconcileUnhealthyMachines judges it too.
+func RemediationInProgress(s *Snapshot) bool {
+	r, err := remediationOf(s.CP.KCP.Annotations[controlplanev1.RemediationInProgressAnnotation])
+	if err != nil || r == nil {
+		// Unreadable, it relaxes nothing: a replacement then waits for a
+		// healthy control plane, as it would without a remediation.
+		return false
+	}
+	for _, m := range s.CP.Machines {
+		if m.CreationTimestamp.After(r.Timestamp.Time) {
+			return false
+		}
+	}
+	return true
+}
+
+// Remediating returns the condemned machines that are broken or condemned by
+// a MachineHealthCheck: they are replaced under KCP's remediation rules,
+// which other machines' ill health does not hold up as long as one machine
+// keeps its components healthy and etcd keeps quorum (SafeToRemediate).
+// A condemned machine that is healthy (replace of a sound machine) is
+// replaced as any rollout replaces one, with every other machine healthy.
+func Remediating(s *Snapshot, condemned collections.Machines) collections.Machines {
+	return condemned.Filter(func(m *clusterv1.Machine) bool {
+		return m != nil && (MHCCondemned(m) || Problem(s, m) != nil)
+	})
 }
 
 // Broken returns the machines that came up once and then went bad: a node,
@@ -262,7 +391,9 @@ func pendingMembers(s *Snapshot) string {
 }
 
 // Healthy checks the whole control plane, except the machines in skip: every
-// machine healthy (Problem), no etcd member without a machine, no alarms.
+// machine healthy (Problem), no etcd member without a machine, no alarms but
+// on the members of skipped machines (a condemned machine's alarm is why it
+// goes; KCP's targetEtcdClusterHealthy leaves the member to remove out too).
 // The error is marked Unsafe and names the machine or member at fault.
 func Healthy(s *Snapshot, skip ...*clusterv1.Machine) error {
 	skipped := collections.FromMachines(skip...)
@@ -281,15 +412,95 @@ func Healthy(s *Snapshot, skip ...*clusterv1.Machine) error {
 	for _, m := range s.CP.Machines {
 		nodes[nodeName(m)] = true
 	}
+	skippedNodes := map[string]bool{}
+	for _, m := range skip {
+		skippedNodes[nodeName(m)] = nodeName(m) != ""
+	}
 	for _, member := range s.Members {
 		if member.Started() && !nodes[member.Name] {
 			return exitcode.Unsafef("etcd member %s has no control-plane machine: remove it (etcdctl member remove %x) or find its machine", member, member.ID)
 		}
-		if len(member.Alarms) > 0 {
+		if len(member.Alarms) > 0 && !skippedNodes[member.Name] {
 			return exitcode.Unsafef("etcd member %s has alarms %s", member, strings.Join(member.Alarms, ", "))
 		}
 	}
 	return nil
+}
+
+// ComponentsHealthy reports whether m's control-plane components all work:
+// its node is Ready, every static pod on it is Ready and, with stacked etcd,
+// its own member is a healthy voter — kubeadm points each API server at its
+// local member alone, so without one the machine serves nothing. It is
+// KCP's per-machine test in targetKubernetesControlPlaneComponentsHealthy
+// made stricter by the member, which KCP judges only by its pod.
+func ComponentsHealthy(s *Snapshot, m *clusterv1.Machine) bool {
+	name := nodeName(m)
+	if name == "" || s.Nodes[name].Problem(components(s)) != "" {
+		return false
+	}
+	if !s.EtcdManaged {
+		return true
+	}
+	member, ok := MemberOf(s, m)
+	return ok && member.HealthyVoter()
+}
+
+// KeepsWorkingComponents refuses a change that would leave no machine with
+// all its control-plane components working: the machines but leaving (none
+// for an add) must include one, not deleting, that ComponentsHealthy
+// passes. A machine joins through a working API server, and the cluster is
+// served by one: KCP checks the same before it deletes a machine to
+// remediate it, before it releases a deleting machine's pre-terminate hook,
+// and before it adds a replacement while a remediation is in progress
+// (targetKubernetesControlPlaneComponentsHealthy). what names the change
+// for the message.
+func KeepsWorkingComponents(s *Snapshot, what string, leaving *clusterv1.Machine) error {
+	for _, m := range s.CP.Machines.SortedByCreationTimestamp() {
+		if (leaving == nil || m.Name != leaving.Name) && m.DeletionTimestamp.IsZero() && ComponentsHealthy(s, m) {
+			return nil
+		}
+	}
+	var why []string
+	for _, m := range s.CP.Machines.SortedByCreationTimestamp() {
+		if leaving != nil && m.Name == leaving.Name {
+			continue
+		}
+		switch err := Problem(s, m); {
+		case !m.DeletionTimestamp.IsZero():
+			why = append(why, m.Name+" is deleting")
+		case err != nil:
+			why = append(why, strings.TrimPrefix(err.Error(), "machine "))
+		default:
+			why = append(why, m.Name+": its etcd member is not a healthy voter")
+		}
+	}
+	return exitcode.Unsafef("%s would leave no control-plane machine with all its components working (%s): no machine could join, and the cluster would have no API server; bring one machine's node and static pods back by hand (kubectl get pods -n kube-system on the workload cluster), then re-run",
+		what, strings.Join(why, "; "))
+}
+
+// SafeToRemediate checks what KCP's canSafelyRemediateMachine and
+// reconcilePreTerminateHook check before a machine is deleted to be
+// replaced, or its deleting member removed: one other machine keeps its
+// components working (KeepsWorkingComponents) and etcd keeps quorum without
+// its member (SafeToRemove). Other machines may be broken: "every other
+// machine healthy" would stall a control plane with two faults half-way
+// through the first one's replacement, which KCP finishes.
+func SafeToRemediate(s *Snapshot, m *clusterv1.Machine, what string) error {
+	if err := KeepsWorkingComponents(s, what, m); err != nil {
+		return err
+	}
+	return SafeToRemove(s, m)
+}
+
+// SafeToRelease checks what KCP's reconcilePreTerminateHook checks before it
+// removes a deleting machine's etcd member and releases its pre-terminate
+// hook: nothing for the last machine, which goes whatever is left; else
+// SafeToRemediate.
+func SafeToRelease(s *Snapshot, m *clusterv1.Machine) error {
+	if IsLast(s, m) {
+		return nil
+	}
+	return SafeToRemediate(s, m, "removing its etcd member")
 }
 
 // SafeToAdd checks that etcd keeps quorum while a new member joins and has not
@@ -407,9 +618,10 @@ func Leads(s *Snapshot, m *clusterv1.Machine) bool {
 
 // LeaderCandidates returns the members leadership may move to when it leaves
 // m (nil for a member no machine owns), best first: healthy voting members of
-// machines that stay — never one a MachineHealthCheck has condemned for
-// remediation (it is about to go) — up-to-date machines before outdated
-// ones, newest first (the machine that will stay the longest). KCP orders by
+// machines that stay — one a MachineHealthCheck has condemned for
+// remediation last, as KCP ranks it (it is about to go, but with two faults
+// it may be the only healthy member left) — up-to-date machines before
+// outdated ones, newest first (the machine that will stay the longest). KCP orders by
 // its Machine conditions (getCandidatesForEtcdLeadership); its own freeze
 // while KCP is paused, so etcd health is read live here, while the
 // remediation verdict is written by the MachineHealthCheck controller, which
@@ -420,12 +632,13 @@ func Leads(s *Snapshot, m *clusterv1.Machine) bool {
 func LeaderCandidates(s *Snapshot, m *clusterv1.Machine) []etcd.Member {
 	outdated, _ := s.CP.NotUpToDateMachines()
 	type candidate struct {
-		member   etcd.Member
-		upToDate bool
-		machine  *clusterv1.Machine
+		member    etcd.Member
+		condemned bool
+		upToDate  bool
+		machine   *clusterv1.Machine
 	}
 	var cands []candidate
-	for _, other := range s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp), collections.Not(RemediationWanted)) {
+	for _, other := range s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)) {
 		if m != nil && other.Name == m.Name {
 			continue
 		}
@@ -433,9 +646,12 @@ func LeaderCandidates(s *Snapshot, m *clusterv1.Machine) []etcd.Member {
 		if !ok || !member.Voting() || !member.Healthy {
 			continue
 		}
-		cands = append(cands, candidate{member: member, upToDate: !outdated.Has(other), machine: other})
+		cands = append(cands, candidate{member: member, condemned: MHCCondemned(other), upToDate: !outdated.Has(other), machine: other})
 	}
 	sort.SliceStable(cands, func(i, j int) bool {
+		if cands[i].condemned != cands[j].condemned {
+			return !cands[i].condemned
+		}
 		if cands[i].upToDate != cands[j].upToDate {
 			return cands[i].upToDate
 		}
@@ -493,7 +709,10 @@ func CheckTakeover(s *Snapshot) error {
 	if err := PausedBySomeoneElse(s); err != nil {
 		return err
 	}
-	if _, ok := kcp.Annotations[controlplanev1.RemediationInProgressAnnotation]; ok {
+	// A remediation this tool began under its record is the resumed run's to
+	// finish (RemediationInProgress); KCP's own is KCP's.
+	_, ours := kcp.Annotations[record.Annotation]
+	if _, ok := kcp.Annotations[controlplanev1.RemediationInProgressAnnotation]; ok && !ours {
 		return exitcode.Unsafef("KubeadmControlPlane %s has a remediation in progress (%s): let KCP finish it first",
 			kcp.Name, controlplanev1.RemediationInProgressAnnotation)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
@@ -214,6 +215,14 @@ func (e *Engine) createReplacement(ctx context.Context, s *Snapshot, next Step) 
 		return err
 	}
 	st.machine = m.Name
+	// The new machine carries the remediation on (KCP's desired state copies
+	// it into its remediation-for annotation); as KCP's createMachine does,
+	// the KubeadmControlPlane's record of it goes.
+	if _, ok := s.CP.KCP.Annotations[controlplanev1.RemediationInProgressAnnotation]; ok {
+		if err := e.ControlPlane.SetRemediation(ctx, s.CP.KCP, ""); err != nil {
+			return err
+		}
+	}
 	st.done("created at " + m.Spec.Version)
 	return nil
 }
@@ -295,7 +304,23 @@ func (e *Engine) deleteVictim(ctx context.Context, t Target, s *Snapshot, next S
 		return err
 	}
 	gone = true
-	return nil
+	return e.recordRemediation(ctx, t, s, m)
+}
+
+// recordRemediation keeps KCP's bookkeeping for a broken or
+// MachineHealthCheck-condemned machine just deleted to be replaced, when its
+// replacement is still to come: the KubeadmControlPlane's
+// remediation-in-progress annotation (what, when, which retry), which lets
+// the replacement join beside other broken machines (RemediationInProgress),
+// passes to the replacement as its remediation-for annotation, and tells KCP
+// after the hand-back that a remediation happened (its status.lastRemediation,
+// its retry limits).
+func (e *Engine) recordRemediation(ctx context.Context, t Target, s *Snapshot, m *clusterv1.Machine) error {
+	if !Remediating(s, Condemned(s, t)).Has(m) || int32(s.CP.Machines.Len()) > t.Replicas {
+		return nil
+	}
+	r, _ := RemediationFor(s, m)
+	return e.ControlPlane.SetRemediation(ctx, s.CP.KCP, r.Marshal())
 }
 
 func (e *Engine) delete(ctx context.Context, m *clusterv1.Machine, why string) (err error) {

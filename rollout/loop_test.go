@@ -665,7 +665,7 @@ func TestConvergeWaitLimits(t *testing.T) {
 		{name: "clusters that cannot be read", world: world(old, old, old),
 			script: func(f *scripted) { f.readErrs = -1 }, limits: func(t *Timeouts) { t.Health = short },
 			code: exitcode.Timeout, says: "could not read the control plane", waiting: "read"},
-		{name: "a healthy machine that went bad and stays bad", world: world(cur, machineSpec{unhealthy: true}, cur),
+		{name: "a healthy machine that went bad and stays bad", world: world(old, machineSpec{unhealthy: true}, old),
 			limits: func(t *Timeouts) { t.Recovery = short },
 			code:   exitcode.Unsafe, says: "etcd member n1", waiting: "unhealthy"},
 	}
@@ -703,7 +703,7 @@ func TestConvergeRecovers(t *testing.T) {
 		}
 	})
 	t.Run("from a machine that went bad within the grace", func(t *testing.T) {
-		f := newScripted(world(machineSpec{}, machineSpec{unhealthy: true}, machineSpec{}))
+		f := newScripted(world(machineSpec{outdated: true}, machineSpec{unhealthy: true}, machineSpec{outdated: true}))
 		f.onWait = func(w *Snapshot, n int) {
 			if n == 3 {
 				w.Members[1].Healthy = true
@@ -1061,14 +1061,15 @@ func TestServeCleanupHook(t *testing.T) {
 }
 
 func TestConvergeWaitsOutABlipWhileServingTheHook(t *testing.T) {
-	// m0 is at its pre-terminate stage while m2's member is briefly down.
+	// m0 is at its pre-terminate stage while m2's member is briefly down:
+	// without m0's member, n1 and n2 alone would have no quorum.
 	atHook := machineSpec{outdated: true, deleting: true, preTermOK: true}
 	for _, tc := range []struct {
 		name    string
 		recover bool
 	}{{"the member comes back: the hook is served", true}, {"it stays down: refused after the grace", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newScripted(world(atHook, machineSpec{}, machineSpec{unhealthy: true}, machineSpec{}))
+			f := newScripted(world(atHook, machineSpec{}, machineSpec{unhealthy: true}))
 			f.onWait = func(w *Snapshot, n int) {
 				if tc.recover && n == 3 {
 					w.Members[2].Healthy = true

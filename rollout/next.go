@@ -3,6 +3,7 @@ package rollout
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -134,16 +135,16 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 			if step, ok := removeStale(s); ok {
 				return step
 			}
-			// What stays must be healthy before m's member goes (KCP checks
-			// the remaining components and requeues). A blip there — a
-			// member restarting, a probe failing — is waited on like any
+			// What stays must keep quorum and one machine with working
+			// components before m's member goes, as KCP's
+			// reconcilePreTerminateHook checks — not every other machine
+			// healthy, which two faults at once never are. A blip there (a
+			// member restarting, a probe failing) is waited on like any
 			// machine that went bad, not refused at once.
-			if !IsLast(s, m) {
-				if err := Healthy(s, m); err != nil {
-					step := refuse(exitcode.Unsafef("not releasing machine %s: %w", m.Name, err))
-					step.Machine, step.Transient = m, true
-					return step
-				}
+			if err := SafeToRelease(s, m); err != nil {
+				step := refuse(exitcode.Unsafef("not releasing machine %s: %w", m.Name, err))
+				step.Machine, step.Transient = m, true
+				return step
 			}
 			return Step{Action: ServeCleanupHook, Machine: m,
 				Reason: fmt.Sprintf("machine %s waits on its pre-terminate hook: remove its etcd member, then release it", m.Name)}
@@ -161,47 +162,73 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		return refuse(err)
 	}
 	condemned := Condemned(s, t)
+	remediating := Remediating(s, condemned)
+	// A remediation goes on while other machines are broken, as KCP's does:
+	// its own checks (SafeToRemediate, SafeToAdd) keep quorum and one machine
+	// with working components. Any other step needs every machine healthy.
+	count := int32(machines.Len())
+	remediation := remediating.Len() > 0 || RemediationInProgress(s) && count < t.Replicas
+	var bad []*clusterv1.Machine
 	for _, m := range machines.SortedByCreationTimestamp() {
 		err := Problem(s, m)
 		if err == nil || condemned.Has(m) {
 			continue
 		}
-		if Replacing(s)(m) {
+		if Replacing(s)(m) && !slices.Contains(t.Broken, m.Name) {
 			return Step{Action: AwaitJoin, Machine: m, Reason: err.Error()}
 		}
-		// A machine that was up and went bad may recover (a failed probe, a
-		// restarting pod); the loop waits a little before it gives up.
-		step := refuse(err)
-		step.Machine, step.Transient = m, true
-		return step
+		bad = append(bad, m)
 	}
 	if step, ok := removeStale(s); ok {
 		return step
 	}
-	if err := Healthy(s, condemned.UnsortedList()...); err != nil {
+	outdated := NeedingRollout(s, t)
+	if count == t.Replicas && outdated.Len() == 0 {
+		return Step{Action: Done, Reason: fmt.Sprintf("%d control-plane machines, all up to date%s", count, stillBroken(s, bad))}
+	}
+	if len(bad) > 0 && !remediation {
+		// A machine that was up and went bad may recover (a failed probe, a
+		// restarting pod); the loop waits a little before it gives up.
+		step := refuse(Problem(s, bad[0]))
+		step.Machine, step.Transient = bad[0], true
+		return step
+	}
+	if err := Healthy(s, append(condemned.UnsortedList(), bad...)...); err != nil {
 		return refuse(err)
 	}
 
-	outdated := NeedingRollout(s, t)
-	count := int32(machines.Len())
+	lostOnes := lost(s, condemned)
+	addable := SafeToAdd(s) == nil
 	switch {
-	case count < t.Replicas:
+	case count < t.Replicas && (addable || lostOnes.Len() == 0):
 		return create(ctx, s, t, fmt.Sprintf("%d of %d control-plane machines", count, t.Replicas))
 	case count > t.Replicas:
 		return remove(ctx, s, t, outdated, fmt.Sprintf("%d control-plane machines, %d wanted", count, t.Replicas))
-	case outdated.Len() == 0:
-		return Step{Action: Done, Reason: fmt.Sprintf("%d control-plane machines, all up to date", count)}
-	case t.MaxSurge > 0 && (SafeToAdd(s) == nil || lost(s, condemned).Len() == 0):
+	case count == t.Replicas && t.MaxSurge > 0 && len(bad) == 0 && (addable || lostOnes.Len() == 0):
 		return create(ctx, s, t, fmt.Sprintf("%d machine(s) to replace, surge first", outdated.Len()))
-	case t.MaxSurge > 0:
+	case lostOnes.Len() > 0:
 		// As KCP's remediation does: a machine whose etcd member is lost goes
 		// before its replacement comes. Its removal lowers the quorum the
 		// new member would otherwise have to help reach.
-		return remove(ctx, s, t, lost(s, condemned), fmt.Sprintf("%d machine(s) to replace; machine(s) %s lost their etcd member: delete first",
-			outdated.Len(), strings.Join(machineNames(lost(s, condemned).SortedByCreationTimestamp()), ", ")))
+		return remove(ctx, s, t, lostOnes, fmt.Sprintf("%d machine(s) to replace; machine(s) %s lost their etcd member: delete first",
+			outdated.Len(), strings.Join(machineNames(lostOnes.SortedByCreationTimestamp()), ", ")))
+	case len(bad) > 0:
+		// KCP adds a machine beside a broken one only to finish a
+		// remediation: the broken machine to replace goes first.
+		return remove(ctx, s, t, remediating, fmt.Sprintf("%d machine(s) to replace while machine(s) %s are broken: delete first, as KCP remediates",
+			outdated.Len(), strings.Join(machineNames(bad), ", ")))
 	default:
 		return remove(ctx, s, t, outdated, fmt.Sprintf("%d machine(s) to replace, no spare capacity: delete first", outdated.Len()))
 	}
+}
+
+// stillBroken names, for a Done step, the machines that are broken and were
+// not this run's to replace, with the command that replaces the first.
+func stillBroken(s *Snapshot, bad []*clusterv1.Machine) string {
+	if len(bad) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; machine(s) %s still broken (%v): %s", strings.Join(machineNames(bad), ", "), Problem(s, bad[0]), replaceHint(s, bad[0]))
 }
 
 // lost selects the machines among condemned whose etcd member is not a
@@ -261,6 +288,9 @@ func deletionReason(m *clusterv1.Machine) string {
 // as outdated there too, so its replacement lands in its domain when the
 // domains are otherwise balanced (KCP never rebalances afterwards).
 func create(ctx context.Context, s *Snapshot, t Target, why string) Step {
+	if err := KeepsWorkingComponents(s, "adding a control-plane machine", nil); err != nil {
+		return refuse(err)
+	}
 	if err := SafeToAdd(s); err != nil {
 		return refuse(err)
 	}
@@ -278,21 +308,28 @@ func create(ctx context.Context, s *Snapshot, t Target, why string) Step {
 	return Step{Action: Create, FailureDomain: fd, Reason: reason}
 }
 
-// remove picks the victim — a condemned machine first, as KCP remediates
-// before it rolls out, then in KCP's order — and checks it may go.
-func remove(ctx context.Context, s *Snapshot, t Target, outdated collections.Machines, why string) Step {
-	candidates := outdated
-	if condemned := outdated.Filter(inSet(Condemned(s, t))); condemned.Len() > 0 {
-		candidates = condemned
+// remove picks the victim among candidates — a condemned machine first, as
+// KCP remediates before it rolls out, then in KCP's order — and checks it may
+// go: a broken or MachineHealthCheck-condemned machine under KCP's
+// remediation rules (SafeToRemediate), any other with quorum kept (the
+// guards before it found every other machine healthy).
+func remove(ctx context.Context, s *Snapshot, t Target, candidates collections.Machines, why string) Step {
+	// pool is what the delete-machine annotation may pick from: every
+	// machine, unless the step is narrowed to the machines it replaces — a
+	// `replace X` never deletes a healthy Y that someone marked.
+	pool := s.CP.Machines
+	condemned := Condemned(s, t)
+	if narrowed := candidates.Filter(inSet(condemned)); narrowed.Len() > 0 {
+		candidates, pool = narrowed, narrowed
 	}
-	victim, err := Victim(ctx, s, candidates)
+	victim, err := Victim(ctx, s, candidates, pool)
 	if err != nil {
 		return refuse(err)
 	}
 	if IsLast(s, victim) {
 		return refuse(exitcode.Unsafef("machine %s is the last control-plane machine: it is never deleted", victim.Name))
 	}
-	if err := SafeToRemove(s, victim); err != nil {
+	if err := SafeToRemediate(s, victim, "deleting machine "+victim.Name); err != nil {
 		return refuse(err)
 	}
 	return Step{Action: Delete, Machine: victim,
@@ -300,28 +337,26 @@ func remove(ctx context.Context, s *Snapshot, t Target, outdated collections.Mac
 }
 
 // Victim picks the machine to delete in KCP's order (scale.go): outdated
-// machines marked with the delete-machine annotation; any machine so marked;
-// outdated machines with unhealthy components; outdated machines; all. Then,
-// among those, the failure domain with the most machines (machines outside
-// the current failure domains first), and there the oldest machine.
-// "Unhealthy components" is the tool's live Problem: KCP's own Machine
-// conditions are frozen while it is paused. (Next only deletes when every
-// machine is healthy, so that branch matters only to callers that pass an
-// unhealthy control plane; it is kept so the order stays KCP's.)
-func Victim(ctx context.Context, s *Snapshot, outdated collections.Machines) (*clusterv1.Machine, error) {
+// machines marked with the delete-machine annotation; any machine of pool so
+// marked; outdated machines with unhealthy components; outdated machines;
+// all of pool. Then, among those, the failure domain with the most machines
+// (machines outside the current failure domains first), and there the oldest
+// machine. "Unhealthy components" is the tool's live Problem: KCP's own
+// Machine conditions are frozen while it is paused.
+func Victim(ctx context.Context, s *Snapshot, outdated, pool collections.Machines) (*clusterv1.Machine, error) {
 	unhealthy := func(m *clusterv1.Machine) bool { return m != nil && Problem(s, m) != nil }
 	var eligible collections.Machines
 	switch {
 	case s.CP.MachineWithDeleteAnnotation(outdated).Len() > 0:
 		eligible = s.CP.MachineWithDeleteAnnotation(outdated)
-	case s.CP.MachineWithDeleteAnnotation(s.CP.Machines).Len() > 0:
-		eligible = s.CP.MachineWithDeleteAnnotation(s.CP.Machines)
+	case s.CP.MachineWithDeleteAnnotation(pool).Len() > 0:
+		eligible = s.CP.MachineWithDeleteAnnotation(pool)
 	case outdated.Filter(unhealthy).Len() > 0:
 		eligible = outdated.Filter(unhealthy)
 	case outdated.Len() > 0:
 		eligible = outdated
 	default:
-		eligible = s.CP.Machines
+		eligible = pool
 	}
 	return s.CP.MachineInFailureDomainWithMostMachines(ctx, eligible)
 }

@@ -47,8 +47,15 @@ type machineSpec struct {
 	// inPlace marks an in-place update in progress: its annotation, or a
 	// pending UpdateMachine hook.
 	inPlace, updateHook bool
-	// mhc marks a machine a MachineHealthCheck condemned: OwnerRemediated=False.
-	mhc bool
+	// mhc marks a machine a MachineHealthCheck condemned:
+	// HealthCheckSucceeded=False and OwnerRemediated=False; mhcRecovered one
+	// it flagged and then found healthy again (HealthCheckSucceeded=True).
+	mhc, mhcRecovered bool
+	// apiDown marks its kube-apiserver static pod not Ready.
+	apiDown bool
+	// remediationFor is its remediation-for annotation: it replaced a
+	// machine remediated then.
+	remediationFor string
 	// certsExpireIn, when set, is when the machine's certificates expire,
 	// from the snapshot's now (status.certificatesExpiryDate).
 	certsExpireIn time.Duration
@@ -101,7 +108,15 @@ func world(specs ...machineSpec) *Snapshot {
 		if sp.certsExpireIn != 0 {
 			m.Status.CertificatesExpiryDate = metav1.NewTime(s.Now.Add(sp.certsExpireIn))
 		}
+		if sp.remediationFor != "" {
+			m.Annotations[controlplanev1.RemediationForAnnotation] = sp.remediationFor
+		}
+		if sp.mhcRecovered {
+			conditions.Set(m, metav1.Condition{Type: clusterv1.MachineHealthCheckSucceededCondition, Status: metav1.ConditionTrue, Reason: "Healthy"})
+			conditions.Set(m, metav1.Condition{Type: clusterv1.MachineOwnerRemediatedCondition, Status: metav1.ConditionFalse, Reason: "WaitingForRemediation"})
+		}
 		if sp.mhc {
+			conditions.Set(m, metav1.Condition{Type: clusterv1.MachineHealthCheckSucceededCondition, Status: metav1.ConditionFalse, Reason: "UnhealthyNode"})
 			conditions.Set(m, metav1.Condition{Type: clusterv1.MachineOwnerRemediatedCondition, Status: metav1.ConditionFalse, Reason: "WaitingForRemediation"})
 		}
 		s.CP.Machines.Insert(m)
@@ -119,6 +134,9 @@ func world(specs ...machineSpec) *Snapshot {
 		pods := map[string]bool{}
 		for _, c := range append([]string{workload.EtcdComponent}, workload.Components...) {
 			pods[c] = !sp.podDown
+		}
+		if sp.apiDown {
+			pods["kube-apiserver"] = false
 		}
 		s.Nodes[node] = workload.Node{Name: node, Found: true, Ready: !sp.nodeDown, Pods: pods}
 		if sp.noMember {
@@ -163,7 +181,8 @@ func TestNext(t *testing.T) {
 		{name: "another pre-terminate hook goes first", s: world(old, old, machineSpec{outdated: true, deleting: true, preTermOK: true, otherHook: true}, cur), t: upgrade, action: AwaitDeletion, machine: "m2"},
 		{name: "a deleting machine never counts as needing rollout", s: world(cur, cur, cur, machineSpec{outdated: true, deleting: true, noHook: true}), t: upgrade, action: AwaitDeletion, machine: "m3"},
 		{name: "outdated machine with a stopped member is refused", s: world(old, machineSpec{outdated: true, unhealthy: true}, old), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "n1"},
-		{name: "up-to-date machine with a stopped member is refused", s: world(cur, machineSpec{unhealthy: true}, cur), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "etcd member n1"},
+		{name: "up-to-date machine with a stopped member is refused", s: world(old, machineSpec{unhealthy: true}, cur), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "etcd member n1"},
+		{name: "nothing to do with a broken machine is done, naming its replace", s: world(cur, machineSpec{unhealthy: true}, cur), t: upgrade, action: Done, says: "kubectl cp-rollout replace demo m1"},
 		{name: "alarm is refused", s: world(old, old, machineSpec{outdated: true, alarm: true}), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "NOSPACE"},
 		{name: "node down on an old machine is refused", s: world(old, machineSpec{outdated: true, nodeDown: true}, old), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "node n1 not Ready"},
 		{name: "missing infra machine is refused", s: world(old, machineSpec{outdated: true, noInfra: true}, old), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "m1"},
@@ -436,8 +455,9 @@ func TestLeaderCandidates(t *testing.T) {
 	if got, want := strings.Join(names, ","), "n3,n2,n1"; got != want {
 		t.Fatalf("candidates %s, want %s (up to date first, newest first, never the deleting one)", got, want)
 	}
-	// A machine a MachineHealthCheck condemned is never a candidate, even up
-	// to date and newest; one it finds healthy keeps its place.
+	// A machine a MachineHealthCheck condemned comes last, even up to date
+	// and newest (as KCP ranks it: with two faults it may be the only
+	// healthy member left); one it finds healthy keeps its place.
 	condemn := func(m *clusterv1.Machine, ownerRemediated metav1.ConditionStatus) {
 		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineHealthCheckSucceededCondition, Status: metav1.ConditionFalse, Reason: "UnhealthyNode"})
 		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineOwnerRemediatedCondition, Status: ownerRemediated, Reason: "WaitingForRemediation"})
@@ -448,8 +468,8 @@ func TestLeaderCandidates(t *testing.T) {
 	for _, c := range LeaderCandidates(s, s.CP.Machines.Oldest()) {
 		names = append(names, c.Name)
 	}
-	if got, want := strings.Join(names, ","), "n2,n1"; got != want {
-		t.Fatalf("candidates %s, want %s (never the MachineHealthCheck's condemned one)", got, want)
+	if got, want := strings.Join(names, ","), "n2,n1,n3"; got != want {
+		t.Fatalf("candidates %s, want %s (the MachineHealthCheck's condemned one last)", got, want)
 	}
 	// Unhealthy and learner members are never candidates.
 	s = world(machineSpec{leader: true}, machineSpec{unhealthy: true}, machineSpec{learner: true}, machineSpec{unnamed: true})

@@ -125,14 +125,11 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 	}
 	// A `pause` record is no run of ours to resume: it only holds KCP back.
 	resuming := rec != nil && rec.Operation != record.PauseOperation
-	if broken := Broken(&future, t, resuming); broken.Len() > 0 {
-		if !r.ReplaceUnhealthy {
-			if lock := e.lockedByAnotherRun(ctx); lock != nil {
-				return nil, lock // a run in flight explains it (see CheckState above)
-			}
-			return nil, brokenRefusal(&future, r, broken)
+	if t, err = Admit(&future, r, t, resuming); err != nil {
+		if lock := e.lockedByAnotherRun(ctx); lock != nil {
+			return nil, lock // a run in flight explains it (see CheckState above)
 		}
-		t.Condemned = broken.Names()
+		return nil, err
 	}
 	p := &Prepared{Request: r, Snapshot: &future, Target: t, Hops: hops, FirstHop: first}
 	outdated := NeedingRollout(&future, t).Len()
@@ -159,6 +156,30 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 		return nil, step.Err
 	}
 	return p, nil
+}
+
+// Admit decides whether a run of r may start on s towards t while machines
+// that came up have gone bad (Broken), and returns the target it starts with.
+// Such machines would stall any step, so the run refuses them, naming the
+// oldest and the commands that move forward — unless it was asked to replace
+// them first (--replace-unhealthy: they are condemned), or it replaces a
+// machine that is itself broken or condemned by a MachineHealthCheck: that
+// is a remediation, which KCP's rules let go on beside other broken machines
+// (Next, SafeToRemediate), and after which the run names the next one.
+// It is pure: a model check decides on it as the run does.
+func Admit(s *Snapshot, r Request, t Target, resuming bool) (Target, error) {
+	broken := Broken(s, t, resuming)
+	switch {
+	case broken.Len() == 0:
+		return t, nil
+	case r.ReplaceUnhealthy:
+		t.Condemned = machineNames(broken.SortedByCreationTimestamp())
+		return t, nil
+	case r.Replace != "" && s.CP.Machines[r.Replace] != nil && Remediating(s, Condemned(s, t)).Has(s.CP.Machines[r.Replace]):
+		t.Broken = machineNames(broken.SortedByCreationTimestamp())
+		return t, nil
+	}
+	return t, brokenRefusal(s, r, broken)
 }
 
 // brokenRefusal refuses a run that would meet machines that came up and went

@@ -73,6 +73,12 @@ type Target struct {
 	// Condemned names machines found broken before the run took over that
 	// it was asked to replace first (--replace-unhealthy); see Condemned.
 	Condemned []string
+	// Broken names machines found broken before the run took over that it
+	// does not replace: a replace of another broken machine goes on beside
+	// them (Admit). Each is held against every step but the remediation's,
+	// and never waited on as a machine still joining: it came up before the
+	// run and went bad.
+	Broken []string
 	// Version, when set, is the Kubernetes version the KubeadmControlPlane
 	// must ask for: a run never finishes on a spec someone else changed.
 	Version string

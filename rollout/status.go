@@ -308,7 +308,7 @@ func healthCheck(m *clusterv1.Machine) string {
 		why = ": " + strings.Join(strings.Fields(c.Message), " ")
 	}
 	switch {
-	case RemediationWanted(m):
+	case MHCCondemned(m):
 		return "remediation wanted" + why
 	case c == nil:
 		return ""

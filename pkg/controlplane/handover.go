@@ -176,6 +176,17 @@ func (c *Client) Complete(ctx context.Context, kcp *controlplanev1.KubeadmContro
 	return c.patchAnnotations(ctx, kcp, map[string]any{clusterv1.PausedAnnotation: nil, record.Annotation: nil, record.LastAnnotation: string(raw)})
 }
 
+// SetRemediation sets (or, with value "", removes) KCP's
+// remediation-in-progress annotation on kcp, as KCP does when it deletes a
+// machine to remediate it and when it creates the next machine.
+func (c *Client) SetRemediation(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane, value string) error {
+	var v any = value
+	if value == "" {
+		v = nil
+	}
+	return c.patchAnnotations(ctx, kcp, map[string]any{controlplanev1.RemediationInProgressAnnotation: v})
+}
+
 // RecordFailure adds f to the operation record on kcp as just read. It writes
 // only a KubeadmControlPlane still paused under a record of ours, and only
 // the version it read: a hand-back in between must not get a record back
