@@ -232,8 +232,10 @@ func Remediating(s *Snapshot, condemned collections.Machines) collections.Machin
 }
 
 // Broken returns the machines that came up once and then went bad: a node,
-// and with stacked etcd a member that was promoted to voter, yet a Problem
-// now. A rollout that met such a machine would stall on it (it is neither
+// and with stacked etcd a member that was promoted to voter — or none at all
+// while no member waits to start (kubeadm adds a joining node's member right
+// after the node registers, so a node without one and without a learner in
+// the making lost it) — yet a Problem now. A rollout that met such a machine would stall on it (it is neither
 // joining nor healthy), so a run refuses it before it takes over, naming the
 // replace command — or condemns it when asked to. Not broken: a deleting
 // machine (it is going), a condemned one (it is to be replaced anyway), a
@@ -254,7 +256,7 @@ func Broken(s *Snapshot, t Target, resuming bool) collections.Machines {
 			return true
 		}
 		member, ok := MemberOf(s, m)
-		return ok && member.Voting()
+		return ok && member.Voting() || !ok && !slices.ContainsFunc(s.Members, func(m etcd.Member) bool { return !m.Started() })
 	})
 }
 
@@ -412,12 +414,16 @@ func Healthy(s *Snapshot, skip ...*clusterv1.Machine) error {
 	for _, m := range s.CP.Machines {
 		nodes[nodeName(m)] = true
 	}
+	// While a machine has no node, a member named after no node may yet be
+	// its (StaleMembers holds too): the quorum projections count it, and it
+	// is removed once every machine has a node.
+	unregistered := s.CP.Machines.Filter(collections.Not(collections.HasNode())).Len() > 0
 	skippedNodes := map[string]bool{}
 	for _, m := range skip {
 		skippedNodes[nodeName(m)] = nodeName(m) != ""
 	}
 	for _, member := range s.Members {
-		if member.Started() && !nodes[member.Name] {
+		if member.Started() && !nodes[member.Name] && !unregistered {
 			return exitcode.Unsafef("etcd member %s has no control-plane machine: remove it (etcdctl member remove %x) or find its machine", member, member.ID)
 		}
 		if len(member.Alarms) > 0 && !skippedNodes[member.Name] {
@@ -490,6 +496,52 @@ func SafeToRemediate(s *Snapshot, m *clusterv1.Machine, what string) error {
 		return err
 	}
 	return SafeToRemove(s, m)
+}
+
+// MostBroken is the machine KCP remediates first among machines, "the most
+// broken" (pickMachineToBeRemediated): one annotated
+// cluster.x-k8s.io/remediate-machine; then one without a node; then, with
+// stacked etcd, one whose member is not a healthy voter, then one whose etcd
+// pod is not Ready; then one whose API server, controller manager or
+// scheduler is not Ready (a node not Ready counting as its pods not
+// Ready); then the oldest. Its removal costs the least:
+// what stays keeps the best chance of quorum and of working components. The
+// health is the tool's live reads, where KCP reads its Machine conditions
+// (frozen while it is paused).
+func MostBroken(s *Snapshot, machines collections.Machines) *clusterv1.Machine {
+	rank := func(m *clusterv1.Machine) []bool {
+		name := nodeName(m)
+		node := s.Nodes[name]
+		member, ok := MemberOf(s, m)
+		// A node not Ready leaves its pods' health unknown, which KCP
+		// counts as not healthy.
+		down := func(pod string) bool { return !node.Ready || !node.Pods[pod] }
+		ranks := []bool{hasAnnotation(m, clusterv1.RemediateMachineAnnotation), name == ""}
+		if s.EtcdManaged {
+			ranks = append(ranks, !ok || !member.HealthyVoter(), down(workload.EtcdComponent))
+		}
+		for _, c := range workload.Components {
+			ranks = append(ranks, down(c))
+		}
+		return ranks
+	}
+	return slices.MinFunc(machines.SortedByCreationTimestamp(), func(a, b *clusterv1.Machine) int {
+		ra, rb := rank(a), rank(b)
+		for i := range ra {
+			if ra[i] != rb[i] {
+				if ra[i] {
+					return -1
+				}
+				return 1
+			}
+		}
+		return 0 // slices.MinFunc keeps the first, the oldest
+	})
+}
+
+func hasAnnotation(m *clusterv1.Machine, key string) bool {
+	_, ok := m.Annotations[key]
+	return ok
 }
 
 // SafeToRelease checks what KCP's reconcilePreTerminateHook checks before it

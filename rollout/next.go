@@ -131,8 +131,10 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		m := deleting.OldestDeletionTimestamp()
 		if WaitingForCleanup(m) {
 			// A member no machine owns would fail the health check below for
-			// good, and would wait for this deletion to end: it goes first.
-			if step, ok := removeStale(s); ok {
+			// good, and would wait for this deletion to end: it goes first —
+			// unless its removal must wait (for this machine's own learner,
+			// say), when the deletion goes on.
+			if step, ok := removeStale(s); ok && step.Action == RemoveStaleMember {
 				return step
 			}
 			// What stays must keep quorum and one machine with working
@@ -168,6 +170,14 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	// with working components. Any other step needs every machine healthy.
 	count := int32(machines.Len())
 	remediation := remediating.Len() > 0 || RemediationInProgress(s) && count < t.Replicas
+	// KCP remediates a condemned machine that never got a node before it
+	// waits on anything (pickMachineToBeRemediated): its deletion touches no
+	// etcd member and no working component, so no join need finish first.
+	if unborn := remediating.Filter(collections.Not(collections.HasNode())); unborn.Len() > 0 {
+		if step := remove(ctx, s, t, unborn, "machine(s) that never got a node to replace: delete first, as KCP remediates"); step.Action == Delete {
+			return step
+		}
+	}
 	var bad []*clusterv1.Machine
 	for _, m := range machines.SortedByCreationTimestamp() {
 		err := Problem(s, m)
@@ -179,7 +189,10 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		}
 		bad = append(bad, m)
 	}
-	if step, ok := removeStale(s); ok {
+	// A remediation goes on while a member no machine owns must wait (for
+	// a learner about to go, say): the quorum projections count that member
+	// as down, as KCP's targetEtcdClusterHealthy does.
+	if step, ok := removeStale(s); ok && (step.Action == RemoveStaleMember || !remediation) {
 		return step
 	}
 	outdated := NeedingRollout(s, t)
@@ -193,8 +206,12 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		step.Machine, step.Transient = bad[0], true
 		return step
 	}
-	if err := Healthy(s, append(condemned.UnsortedList(), bad...)...); err != nil {
-		return refuse(err)
+	// Any other step needs the whole control plane healthy; a remediation's
+	// own checks (SafeToRemediate, SafeToAdd) judge what it leaves.
+	if !remediation {
+		if err := Healthy(s, condemned.UnsortedList()...); err != nil {
+			return refuse(err)
+		}
 	}
 
 	lostOnes := lost(s, condemned)
@@ -232,14 +249,16 @@ func stillBroken(s *Snapshot, bad []*clusterv1.Machine) string {
 }
 
 // lost selects the machines among condemned whose etcd member is not a
-// healthy voter: the quorum projection counts it against every add.
+// healthy voter — or that have none, or no node yet: the quorum projection
+// counts such a member against every add, and KCP remediates a machine
+// without a node first (pickMachineToBeRemediated).
 func lost(s *Snapshot, condemned collections.Machines) collections.Machines {
 	return condemned.Filter(func(m *clusterv1.Machine) bool {
 		if !s.EtcdManaged {
-			return false
+			return nodeName(m) == ""
 		}
 		member, ok := MemberOf(s, m)
-		return ok && !member.HealthyVoter()
+		return !ok || !member.HealthyVoter()
 	})
 }
 
@@ -325,6 +344,10 @@ func remove(ctx context.Context, s *Snapshot, t Target, candidates collections.M
 	victim, err := Victim(ctx, s, candidates, pool)
 	if err != nil {
 		return refuse(err)
+	}
+	if remediating := Remediating(s, condemned).Filter(inSet(candidates)); remediating.Len() > 0 && remediating.Len() == candidates.Len() {
+		// Replacing broken machines, KCP takes the most broken first.
+		victim = MostBroken(s, remediating)
 	}
 	if IsLast(s, victim) {
 		return refuse(exitcode.Unsafef("machine %s is the last control-plane machine: it is never deleted", victim.Name))

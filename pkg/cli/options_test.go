@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
+	"github.com/cp-rollout/cp-rollout/internal/sim/manifests"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
@@ -380,6 +381,7 @@ func TestBadInputRefusedBeforeAnyCluster(t *testing.T) {
 		{[]string{"plan", "demo", "--certificates-expiring-within", "30d"}, 2, "needs --rollout"},
 		{[]string{"plan", "demo", "--rollout", "--certificates-expiring-within", "36h"}, 2, "whole number of days"},
 		{[]string{"rollout", "demo", "--certificates-expiring-within", "0d"}, 2, "must be positive"},
+		{[]string{"rollout", "demo", "--certificates-expiring-within", "6d"}, 2, "at least 7 days"},
 		{[]string{"rollout", "demo", "--certificates-expiring-within", "soon"}, 2, "not a duration"},
 		{[]string{"rollout", "demo", "--version", to}, 2, "unknown flag: --version"},
 		{[]string{"restart", "demo", "--certificates-expiring-within", "30d"}, 2, "unknown flag: --certificates-expiring-within"},
@@ -422,4 +424,29 @@ func TestSharedFlagsRefusedByEveryVerb(t *testing.T) {
 			t.Errorf("%v: exit %d (err: %v), want exit 2", args, r.code, r.err)
 		}
 	}
+}
+
+// TestMinExpiryDaysIsKCPs holds minExpiryDays to the KubeadmControlPlane
+// CRD's own minimum for spec.rollout.before.certificatesExpiryDays.
+func TestMinExpiryDaysIsKCPs(t *testing.T) {
+	crds, err := manifests.CRDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, crd := range crds {
+		if crd.Spec.Names.Kind != "KubeadmControlPlane" {
+			continue
+		}
+		for _, v := range crd.Spec.Versions {
+			if v.Name != "v1beta2" {
+				continue
+			}
+			field := v.Schema.OpenAPIV3Schema.Properties["spec"].Properties["rollout"].Properties["before"].Properties["certificatesExpiryDays"]
+			if field.Minimum == nil || *field.Minimum != minExpiryDays {
+				t.Fatalf("KCP's CRD has minimum %v for certificatesExpiryDays, the tool %d", field.Minimum, minExpiryDays)
+			}
+			return
+		}
+	}
+	t.Fatal("no v1beta2 KubeadmControlPlane CRD")
 }

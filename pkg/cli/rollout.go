@@ -84,12 +84,21 @@ func (o *RolloutOptions) Run(ctx context.Context) error { return o.change.run(ct
 
 func (o *RolloutOptions) where() (cluster, namespace string) { return o.change.req.where() }
 
+// minExpiryDays is the least KCP's spec.rollout.before.certificatesExpiryDays
+// takes (its CRD's minimum, CAPI v1.14.2): a window the tool rolls by must be
+// one KCP could hold the machines to after the hand-back.
+const minExpiryDays = 7
+
 // expiryDays is --certificates-expiring-within in days; 0 when not given.
 func expiryDays(value string) (int32, error) {
 	if value == "" {
 		return 0, nil
 	}
-	return parseDays("certificates-expiring-within", value)
+	days, err := parseDays("certificates-expiring-within", value)
+	if err == nil && days < minExpiryDays {
+		return 0, exitcode.Usagef("--certificates-expiring-within %q: at least %d days, as KCP's spec.rollout.before.certificatesExpiryDays", value, minExpiryDays)
+	}
+	return days, err
 }
 
 // parseDays reads a time in whole days, as KCP's certificatesExpiryDays
