@@ -120,11 +120,7 @@ func (e *Engine) handBackAfterFailure(ctx context.Context, operation string, cod
 	if inFlight := InFlight(s); inFlight.Len() > 0 {
 		var why []string
 		for _, m := range inFlight.SortedByCreationTimestamp() {
-			if m.DeletionTimestamp.IsZero() {
-				why = append(why, "machine "+m.Name+" is still joining")
-			} else {
-				why = append(why, "machine "+m.Name+" is being deleted")
-			}
+			why = append(why, "machine "+m.Name+" is still joining")
 		}
 		return nil, strings.Join(why, ", ") + ": KCP would find a step it did not start"
 	}

@@ -231,11 +231,8 @@ func Remediating(s *Snapshot, condemned collections.Machines) collections.Machin
 	})
 }
 
-// Broken returns the machines that came up once and then went bad: a node,
-// and with stacked etcd a member that was promoted to voter — or none at all
-// while no member waits to start (kubeadm adds a joining node's member right
-// after the node registers, so a node without one and without a learner in
-// the making lost it) — yet a Problem now. A rollout that met such a machine would stall on it (it is neither
+// Broken returns the machines that came up once (CameUp) and then went bad:
+// a Problem now. A rollout that met such a machine would stall on it (it is neither
 // joining nor healthy), so a run refuses it before it takes over, naming the
 // replace command — or condemns it when asked to. Not broken: a deleting
 // machine (it is going), a condemned one (it is to be replaced anyway), a
@@ -246,17 +243,10 @@ func Remediating(s *Snapshot, condemned collections.Machines) collections.Machin
 func Broken(s *Snapshot, t Target, resuming bool) collections.Machines {
 	condemned := Condemned(s, t)
 	return s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp), func(m *clusterv1.Machine) bool {
-		if m == nil || condemned.Has(m) || Problem(s, m) == nil || nodeName(m) == "" {
+		if m == nil || condemned.Has(m) || Problem(s, m) == nil {
 			return false
 		}
-		if resuming && !s.CP.MachinesNotUpToDate.Has(m) {
-			return false
-		}
-		if !s.EtcdManaged {
-			return true
-		}
-		member, ok := MemberOf(s, m)
-		return ok && member.Voting() || !ok && !slices.ContainsFunc(s.Members, func(m etcd.Member) bool { return !m.Started() })
+		return CameUp(s, m) && !(resuming && !s.CP.MachinesNotUpToDate.Has(m))
 	})
 }
 
@@ -918,23 +908,43 @@ func CheckKCPVersion(version string) error {
 }
 
 // InFlight returns the control-plane machines a stopped run leaves in the
-// middle of a step: those being deleted (Deleting) and the up-to-date ones
-// still joining (Joining), a replacement that is not yet healthy. Handing
-// back to KCP with one of them would leave KCP a step it did not start, with
-// a pre-terminate hook or an etcd learner it did not plan for; with none, a
-// failed run may hand back (--on-failure handback).
+// middle of a join: a replacement that has not come up yet (Replacing, not
+// CameUp). Handing back to KCP with one would leave KCP a join it did not
+// start, with an etcd learner it did not plan for; with none, a failed run
+// may hand back (--on-failure handback). A deleting machine is not in
+// flight: KCP serves any machine's kcp-cleanup hook by its own rules
+// (reconcilePreTerminateHook, which SafeToRelease mirrors) and then
+// replaces it, so a run stopped half-way through a deletion hands it over.
 func InFlight(s *Snapshot) collections.Machines {
-	inFlight := Deleting(s)
-	inFlight.Insert(s.CP.Machines.Filter(Replacing(s)).UnsortedList()...)
-	return inFlight
+	return s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp), Replacing(s), func(m *clusterv1.Machine) bool {
+		return !CameUp(s, m)
+	})
 }
 
-// Replacing selects the up-to-date machines still joining: a replacement
-// (this tool's or KCP's) not yet healthy, which the loop waits on.
+// Replacing selects the machines still joining: an up-to-date replacement
+// (this tool's or KCP's) not yet healthy, or an outdated machine that KCP
+// was still creating when it was paused and that has not come up yet —
+// both are waited on, never refused as broken.
 func Replacing(s *Snapshot) collections.Func {
 	return func(m *clusterv1.Machine) bool {
-		return m != nil && !s.CP.MachinesNotUpToDate.Has(m) && Joining(s, m)
+		return m != nil && Joining(s, m) && (!s.CP.MachinesNotUpToDate.Has(m) || !CameUp(s, m))
 	}
+}
+
+// CameUp reports whether m came up once: it has a node and, with stacked
+// etcd, a member that was promoted to voter — or none at all while no member
+// waits to start (kubeadm adds a joining node's member right after the node
+// registers, so a node without one and without a learner in the making lost
+// it).
+func CameUp(s *Snapshot, m *clusterv1.Machine) bool {
+	if nodeName(m) == "" {
+		return false
+	}
+	if !s.EtcdManaged {
+		return true
+	}
+	member, ok := MemberOf(s, m)
+	return ok && member.Voting() || !ok && !slices.ContainsFunc(s.Members, func(m etcd.Member) bool { return !m.Started() })
 }
 
 // machineNames names machines in their order, for messages that must read
