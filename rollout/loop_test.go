@@ -77,6 +77,8 @@ type scripted struct {
 	// calls; "" after them.
 	coreDNSBehind string
 	coreDNSReads  int
+	// coreDNSRefused, when set, is a move of CoreDNS KCP refuses.
+	coreDNSRefused *workload.CoreDNSRefusedError
 	// drainRules are the MachineDrainRules DrainRules names.
 	drainRules []string
 	// cordoned are the nodes Cordoned names: an earlier run's drain left them.
@@ -226,6 +228,9 @@ func (f *scripted) CoreDNSBehind(context.Context, *controlplanev1.KubeadmControl
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.trace = append(f.trace, "coredns")
+	if f.coreDNSRefused != nil {
+		return "", f.coreDNSRefused
+	}
 	if f.coreDNSReads == 0 {
 		return "", nil
 	}

@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
 // Unsettled says what keeps KCP from having settled after the hand-back, each
@@ -118,6 +120,7 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit ti
 	defer st.end(&err)
 	var version string
 	var last *controlplanev1.KubeadmControlPlane
+	var refused *workload.CoreDNSRefusedError
 	err = e.pollUntil(ctx, st, limit, func(live bool) ([]string, error) {
 		cp, err := e.readControlPlane(ctx, live)
 		if err == nil {
@@ -143,6 +146,12 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit ti
 			}
 		}
 		if unsettled := Unsettled(cp); len(unsettled) > 0 {
+			// A move of CoreDNS KCP refuses fails every reconcile of KCP's
+			// before it writes its status: it never settles, though the
+			// rollout is done. That is the add-on's, said as a warning.
+			if _, err := e.Workload.CoreDNSBehind(ctx, cp.KCP); errors.As(err, &refused) {
+				return nil, nil
+			}
 			return unsettled, nil
 		}
 		version = cp.KCP.Spec.Version
@@ -153,6 +162,8 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit ti
 			return []string{behind}, nil
 		}
 		switch behind, err := e.Workload.CoreDNSBehind(ctx, cp.KCP); {
+		case errors.As(err, &refused):
+			return nil, nil
 		case err != nil:
 			return []string{"cannot read CoreDNS: " + err.Error()}, nil
 		case behind != "":
@@ -170,6 +181,10 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit ti
 	})
 	if err != nil {
 		return err
+	}
+	if refused != nil {
+		st.done("the rollout is done, but " + refused.Error())
+		return nil
 	}
 	st.done(fmt.Sprintf("KCP reports every machine at %s and up to date, and kube-proxy and CoreDNS follow", version))
 	return nil

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
 // TestUnsettledUntilKCPAgrees walks a KCP through what it does after the
@@ -119,6 +120,28 @@ func TestAwaitSettledWaitsForCoreDNS(t *testing.T) {
 	}
 	if !ev.find("await-kcp", progress.Waiting, "CoreDNS rolling out") || !ev.find("await-kcp", progress.Done, "CoreDNS follow") {
 		t.Errorf("events do not show the wait for CoreDNS, then the agreement")
+	}
+}
+
+// TestAwaitSettledWarnsOfACoreDNSMoveKCPRefuses: KCP's reconcile fails on a
+// CoreDNS move it refuses before it writes its status, so it never observes
+// its generation; the rollout is done all the same, and the wait ends at
+// once, saying why KCP will not settle, instead of failing after
+// --handback-timeout.
+func TestAwaitSettledWarnsOfACoreDNSMoveKCPRefuses(t *testing.T) {
+	f := settledWorld()
+	f.world.CP.KCP.Generation, f.world.CP.KCP.Status.ObservedGeneration = 4, 3
+	f.coreDNSRefused = &workload.CoreDNSRefusedError{From: "coredns:v1.14.2", To: "coredns:v1.13.1", Why: "a downgrade"}
+	e, ev := engineFor(f, Timeouts{Handback: time.Minute})
+	began := time.Now()
+	if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names(), e.Timeouts.Handback); err != nil {
+		t.Fatalf("awaitSettled: %v", err)
+	}
+	if time.Since(began) > 10*time.Second {
+		t.Errorf("waited %s for a KCP that cannot settle", time.Since(began))
+	}
+	if !ev.find("await-kcp", progress.Done, "KCP refuses to move CoreDNS from coredns:v1.14.2 to coredns:v1.13.1 (a downgrade)") {
+		t.Errorf("the refusal is not said")
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/blang/semver/v4"
+	"github.com/coredns/corefile-migration/migration"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -71,6 +72,9 @@ func (c *Client) CoreDNSBehind(ctx context.Context, kcp *controlplanev1.KubeadmC
 			return "", nil
 		}
 		if ctr.Image != want {
+			if why := coreDNSRefused(ctr.Image, want); why != "" {
+				return "", &CoreDNSRefusedError{From: ctr.Image, To: want, Why: why}
+			}
 			return fmt.Sprintf("CoreDNS runs %s, KCP has not yet moved it to %s", ctr.Image, want), nil
 		}
 		if readsBackup(d) {
@@ -79,6 +83,47 @@ func (c *Client) CoreDNSBehind(ctx context.Context, kcp *controlplanev1.KubeadmC
 		return rollingOut(d, want), nil
 	}
 	return "", nil
+}
+
+// CoreDNSRefusedError is a move of CoreDNS that KCP refuses: its reconcile
+// fails on it (before it writes its observedGeneration) until the KCP's dns
+// imageTag is changed or the KCP is annotated to skip CoreDNS.
+type CoreDNSRefusedError struct {
+	From, To, Why string
+}
+
+func (e *CoreDNSRefusedError) Error() string {
+	return fmt.Sprintf("KCP refuses to move CoreDNS from %s to %s (%s): its reconcile fails on it until spec.kubeadmConfigSpec.clusterConfiguration.dns.imageTag names a version it can migrate to, or the KubeadmControlPlane is annotated %s",
+		e.From, e.To, e.Why, controlplanev1.SkipCoreDNSAnnotation)
+}
+
+// coreDNSRefused says why KCP refuses to move CoreDNS from image from to
+// image to, "" when it does not: KCP's validateCoreDNSImageTag (CAPI v1.14.2,
+// controlplane/kubeadm/pkg/workload_cluster_coredns.go; unexported) refuses
+// a downgrade and a current version that the Corefile migration library it
+// uses does not know, since it could not migrate that Corefile.
+func coreDNSRefused(from, to string) string {
+	tagOf := func(image string) string {
+		if ref, err := container.ImageFromString(image); err == nil {
+			return ref.Tag
+		}
+		return ""
+	}
+	f, err := version.ParseTolerantImageTag(tagOf(from))
+	if err != nil {
+		return fmt.Sprintf("cannot parse the current version %q", tagOf(from))
+	}
+	t, err := version.ParseTolerantImageTag(tagOf(to))
+	if err != nil {
+		return fmt.Sprintf("cannot parse the target version %q", tagOf(to))
+	}
+	if version.Compare(f, t, version.WithoutPreReleases()) > 0 {
+		return "a downgrade"
+	}
+	if _, ok := migration.Versions[fmt.Sprintf("%d.%d.%d", f.Major, f.Minor, f.Patch)]; !ok {
+		return fmt.Sprintf("the Corefile migration does not know CoreDNS %d.%d.%d", f.Major, f.Minor, f.Patch)
+	}
+	return ""
 }
 
 // coreDNSImage is the image KCP's getCoreDNSInfo moves CoreDNS to from

@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -64,6 +65,10 @@ func TestCoreDNSBehind(t *testing.T) {
 			"moved it to mirror.example.com/k8s/coredns:v1.14.2"}, // KCP keeps the image name alone
 		{"KCP told to skip it", []*appsv1.Deployment{deployment(old, "Corefile", true)}, kcp("v1.14.2", "", true), ""},
 		{"no Deployment", nil, kcp("v1.14.2", "", false), ""},
+		// KCP's validateCoreDNSImageTag: its reconcile fails on these.
+		{"a downgrade KCP refuses", []*appsv1.Deployment{deployment(moved, "Corefile", true)}, kcp("v1.13.1", "", false), "refused: a downgrade"},
+		{"a current version the migration does not know", []*appsv1.Deployment{deployment("registry.k8s.io/coredns/coredns:v1.99.0", "Corefile", true)},
+			kcp("v1.100.0", "", false), "refused: the Corefile migration does not know CoreDNS 1.99.0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			kube := fake.NewClientset(corefile)
@@ -72,6 +77,10 @@ func TestCoreDNSBehind(t *testing.T) {
 			}
 			c := &Client{Kube: kube, Name: "default/demo"}
 			behind, err := c.CoreDNSBehind(t.Context(), tc.kcp)
+			var refused *CoreDNSRefusedError
+			if errors.As(err, &refused) {
+				behind, err = "refused: "+refused.Why, nil
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
