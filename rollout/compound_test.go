@@ -1,7 +1,6 @@
 package rollout
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -11,8 +10,6 @@ import (
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/reconcilers/kubeadmcontrolplane"
-
-	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
 
 // Two things wrong at once: each case is a state KCP v1.14.2 recovers from
@@ -33,14 +30,7 @@ func TestNextCompoundFaults(t *testing.T) {
 		return s
 	}
 	base := world().Now.Add(-time.Hour) // the first machine's creation
-	cases := []struct {
-		name    string
-		s       *Snapshot
-		t       Target
-		action  Action
-		machine string
-		says    string
-	}{
+	cases := []stepCase{
 		// KCP's reconcilePreTerminateHook: one machine with working
 		// components and quorum without the member, not every other machine
 		// healthy.
@@ -89,21 +79,7 @@ func TestNextCompoundFaults(t *testing.T) {
 			s: world(cur, machineSpec{mhc: true}, cur, cur), t: Target{Operation: "upgrade", Replicas: 3, MaxSurge: 1}, action: Delete, machine: "m1"},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			step := Next(context.Background(), tc.s, tc.t)
-			if step.Action != tc.action {
-				t.Fatalf("action %s (%s), want %s", step.Action, step.Reason, tc.action)
-			}
-			if tc.machine != "" && (step.Machine == nil || step.Machine.Name != tc.machine) {
-				t.Fatalf("machine %v, want %s (%s)", machineName(step.Machine), tc.machine, step.Reason)
-			}
-			if tc.action == Refuse && exitcode.Of(step.Err) != exitcode.Unsafe {
-				t.Fatalf("exit code %d, want %d: %v", exitcode.Of(step.Err), exitcode.Unsafe, step.Err)
-			}
-			if !strings.Contains(step.Reason, tc.says) {
-				t.Fatalf("reason %q lacks %q", step.Reason, tc.says)
-			}
-		})
+		t.Run(tc.name, tc.check)
 	}
 }
 

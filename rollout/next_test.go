@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -158,15 +159,7 @@ func TestNext(t *testing.T) {
 	upgrade := Target{Operation: "upgrade", Replicas: 3, MaxSurge: 1}
 	surge0 := Target{Operation: "upgrade", Replicas: 3, MaxSurge: 0}
 	old, cur := machineSpec{outdated: true}, machineSpec{}
-	cases := []struct {
-		name    string
-		s       *Snapshot
-		t       Target
-		action  Action
-		machine string
-		code    int    // for Refuse
-		says    string // in the reason
-	}{
+	cases := []stepCase{
 		{name: "all up to date", s: world(cur, cur, cur), t: upgrade, action: Done},
 		{name: "surge 1 creates first", s: world(old, old, old), t: upgrade, action: Create},
 		{name: "surge 0 deletes the oldest outdated first", s: world(old, old, old), t: surge0, action: Delete, machine: "m0"},
@@ -273,24 +266,37 @@ func TestNext(t *testing.T) {
 			s: world(cur, machineSpec{deleting: true, unhealthy: true}, cur), t: Target{Replicas: 3, MaxSurge: 1, Replace: "m1"}, action: AwaitDeletion, machine: "m1"},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			step := Next(context.Background(), tc.s, tc.t)
-			if step.Action != tc.action {
-				t.Fatalf("action %s (%s), want %s", step.Action, step.Reason, tc.action)
-			}
-			if tc.action == RemoveStaleMember && !strings.Contains(tc.says, step.Member.String()) {
-				t.Fatalf("removes member %s, want %s", step.Member, tc.says)
-			}
-			if tc.machine != "" && (step.Machine == nil || step.Machine.Name != tc.machine) {
-				t.Fatalf("machine %v, want %s (%s)", machineName(step.Machine), tc.machine, step.Reason)
-			}
-			if tc.action == Refuse && exitcode.Of(step.Err) != tc.code {
-				t.Fatalf("exit code %d, want %d: %v", exitcode.Of(step.Err), tc.code, step.Err)
-			}
-			if !strings.Contains(step.Reason, tc.says) {
-				t.Fatalf("reason %q lacks %q", step.Reason, tc.says)
-			}
-		})
+		t.Run(tc.name, tc.check)
+	}
+}
+
+// stepCase is one decision a test expects of Next.
+type stepCase struct {
+	name    string
+	s       *Snapshot
+	t       Target
+	action  Action
+	machine string
+	code    int    // for Refuse; Unsafe when 0
+	says    string // in the reason
+}
+
+func (tc stepCase) check(t *testing.T) {
+	step := Next(context.Background(), tc.s, tc.t)
+	if step.Action != tc.action {
+		t.Fatalf("action %s (%s), want %s", step.Action, step.Reason, tc.action)
+	}
+	if tc.action == RemoveStaleMember && !strings.Contains(tc.says, step.Member.String()) {
+		t.Fatalf("removes member %s, want %s", step.Member, tc.says)
+	}
+	if tc.machine != "" && (step.Machine == nil || step.Machine.Name != tc.machine) {
+		t.Fatalf("machine %v, want %s (%s)", machineName(step.Machine), tc.machine, step.Reason)
+	}
+	if code := cmp.Or(tc.code, exitcode.Unsafe); tc.action == Refuse && exitcode.Of(step.Err) != code {
+		t.Fatalf("exit code %d, want %d: %v", exitcode.Of(step.Err), code, step.Err)
+	}
+	if !strings.Contains(step.Reason, tc.says) {
+		t.Fatalf("reason %q lacks %q", step.Reason, tc.says)
 	}
 }
 
