@@ -168,6 +168,23 @@ func RemediationFor(s *Snapshot, m *clusterv1.Machine) (Remediation, string) {
 	return next, ""
 }
 
+// RemediationRecord is KCP's bookkeeping for m, deleted towards t, when m is
+// broken or condemned by a MachineHealthCheck (Remediating) and its
+// replacement is still to come (no surge machine made it already): the
+// KubeadmControlPlane's remediation-in-progress annotation (what, when, which
+// retry), which lets the replacement join beside other broken machines
+// (RemediationInProgress), passes to the replacement as its remediation-for
+// annotation, and tells KCP after the hand-back that a remediation happened
+// (its status.lastRemediation, its retry limits). The run writes it as it
+// deletes m, and a plan projects it.
+func RemediationRecord(s *Snapshot, t Target, m *clusterv1.Machine) (Remediation, bool) {
+	if !Remediating(s, Condemned(s, t)).Has(m) || int32(s.CP.Machines.Len()) > t.Replicas {
+		return Remediation{}, false
+	}
+	r, _ := RemediationFor(s, m)
+	return r, true
+}
+
 // RemediationHeld says why KCP's spec.remediation holds back the remediation
 // of m now, "" when it does not (RemediationFor).
 func RemediationHeld(s *Snapshot, m *clusterv1.Machine) string {

@@ -307,19 +307,13 @@ func (e *Engine) deleteVictim(ctx context.Context, t Target, s *Snapshot, next S
 	return e.recordRemediation(ctx, t, s, m)
 }
 
-// recordRemediation keeps KCP's bookkeeping for a broken or
-// MachineHealthCheck-condemned machine just deleted to be replaced, when its
-// replacement is still to come: the KubeadmControlPlane's
-// remediation-in-progress annotation (what, when, which retry), which lets
-// the replacement join beside other broken machines (RemediationInProgress),
-// passes to the replacement as its remediation-for annotation, and tells KCP
-// after the hand-back that a remediation happened (its status.lastRemediation,
-// its retry limits).
+// recordRemediation keeps KCP's bookkeeping for a machine just deleted to be
+// replaced (RemediationRecord) on the KubeadmControlPlane.
 func (e *Engine) recordRemediation(ctx context.Context, t Target, s *Snapshot, m *clusterv1.Machine) error {
-	if !Remediating(s, Condemned(s, t)).Has(m) || int32(s.CP.Machines.Len()) > t.Replicas {
+	r, ok := RemediationRecord(s, t, m)
+	if !ok {
 		return nil
 	}
-	r, _ := RemediationFor(s, m)
 	return e.ControlPlane.SetRemediation(ctx, s.CP.KCP, r.Marshal())
 }
 

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
@@ -73,9 +74,15 @@ func project(ctx context.Context, s *Snapshot, t Target, made int) ([]Step, int)
 		case Create:
 			made++
 			s.join(fmt.Sprintf("new-%d", made), step.FailureDomain)
+			s.setRemediation("") // as the run does once the replacement exists
 		case AwaitJoin:
 			s.heal(step.Machine)
-		case Delete, ServeCleanupHook, AwaitDeletion:
+		case Delete:
+			if r, ok := RemediationRecord(s, t, step.Machine); ok {
+				s.setRemediation(r.Marshal())
+			}
+			s.remove(step.Machine)
+		case ServeCleanupHook, AwaitDeletion:
 			s.remove(step.Machine)
 		case RemoveStaleMember:
 			s.Members = slices.DeleteFunc(s.Members, func(m etcd.Member) bool { return m.ID == step.Member.ID })
@@ -123,6 +130,21 @@ func (s *Snapshot) clone() *Snapshot {
 	}
 	c.Members = append([]etcd.Member{}, s.Members...)
 	return &c
+}
+
+// setRemediation sets (or with "" removes) KCP's remediation-in-progress
+// annotation on the projected KubeadmControlPlane, as the run writes it.
+func (s *Snapshot) setRemediation(value string) {
+	kcp := s.CP.KCP.DeepCopy()
+	if value == "" {
+		delete(kcp.Annotations, controlplanev1.RemediationInProgressAnnotation)
+	} else {
+		if kcp.Annotations == nil {
+			kcp.Annotations = map[string]string{}
+		}
+		kcp.Annotations[controlplanev1.RemediationInProgressAnnotation] = value
+	}
+	s.CP.KCP = kcp
 }
 
 // join adds an up-to-date machine that has become healthy.
