@@ -48,7 +48,7 @@ func TestNextCompoundFaults(t *testing.T) {
 			s: world(cur, cur, cur, machineSpec{deleteMark: true}), t: replace("m1"), action: Delete, machine: "m1"},
 		// A remediation goes on beside another broken machine.
 		{name: "replace a dead machine while another's API server is down: delete it first",
-			s: world(dead, machineSpec{apiDown: true}, cur), t: replace("m0", "m1"), action: Delete, machine: "m0", says: "lost their etcd member"},
+			s: world(dead, machineSpec{apiDown: true}, cur), t: replace("m0", "m1"), action: Delete, machine: "m0", says: "as KCP remediates"},
 		{name: "its replacement joins beside the broken machine once the remediation is recorded",
 			s: inProgress(world(machineSpec{apiDown: true}, cur), base.Add(time.Hour)), t: replace("gone", "m0"), action: Create},
 		{name: "without the record, a broken machine holds the create",
@@ -60,8 +60,10 @@ func TestNextCompoundFaults(t *testing.T) {
 		{name: "--replace-unhealthy on 5 with two dead: the dead go before any surge",
 			s: world(deadOld, deadOld, old, old, old), t: Target{Operation: "upgrade", Replicas: 5, MaxSurge: 1, Condemned: []string{"m0", "m1"}}, action: Delete, machine: "m0"},
 		// KCP's targetEtcdClusterHealthy leaves out the member it removes.
-		{name: "an alarm on the replaced machine's own member does not refuse its replacement",
-			s: world(cur, machineSpec{alarm: true}, cur), t: replace("m1"), action: Create},
+		{name: "an alarm on the replaced machine's own member does not refuse its replacement: it goes first",
+			s: world(cur, machineSpec{alarm: true}, cur), t: replace("m1"), action: Delete, machine: "m1"},
+		{name: "but no machine is added beside an alarm: etcd takes no writes",
+			s: inProgress(world(cur, machineSpec{alarm: true}), base.Add(time.Hour)), t: replace("gone", "m1"), action: Refuse, says: "etcdctl alarm disarm"},
 		{name: "an alarm on another member still refuses",
 			s: world(cur, machineSpec{alarm: true}, cur), t: replace("m2"), action: Refuse, says: "NOSPACE"},
 		// KCP's canSafelyRemediateMachine and
@@ -139,5 +141,36 @@ func TestRemediationIsKCPs(t *testing.T) {
 	}
 	if back != ours.Marshal() {
 		t.Fatalf("KCP writes %s, this tool %s", back, ours.Marshal())
+	}
+}
+
+// TestAdmitReplaceBesideBrokenMachines: a replace of a broken machine, and
+// one resumed after its machine went, go on beside the other broken
+// machines (Target.Broken), which are then neither refused nor waited on as
+// joins; a replace of a healthy machine is refused, naming the broken one.
+func TestAdmitReplaceBesideBrokenMachines(t *testing.T) {
+	replace := func(m string) (Request, Target) {
+		return Request{Operation: "replace", Replace: m}, Target{Operation: "replace", Replicas: 3, MaxSurge: 1, Replace: m}
+	}
+	broken := machineSpec{apiDown: true}
+	s := world(machineSpec{unhealthy: true}, broken, machineSpec{})
+	r, tg := replace("m0")
+	if got, err := Admit(s, r, tg, false); err != nil || strings.Join(got.Broken, ",") != "m1" {
+		t.Errorf("replace of broken m0: broken %v, %v; want m1 left to go on beside", got.Broken, err)
+	}
+	r, tg = replace("m2")
+	if _, err := Admit(s, r, tg, false); err == nil || !strings.Contains(err.Error(), "kubectl cp-rollout replace demo m0") {
+		t.Errorf("replace of healthy m2 beside broken m0 and m1: %v, want a refusal naming m0's replace", err)
+	}
+	// Resumed: m0 went, its replacement is still to come.
+	s = world(broken, machineSpec{})
+	s.CP.KCP.Annotations = map[string]string{controlplanev1.RemediationInProgressAnnotation: Remediation{Machine: "m9", Timestamp: metav1.NewTime(s.Now)}.Marshal()}
+	r, tg = replace("m9")
+	got, err := Admit(s, r, tg, true)
+	if err != nil || strings.Join(got.Broken, ",") != "m0" {
+		t.Fatalf("resumed replace: broken %v, %v; want m0", got.Broken, err)
+	}
+	if step := Next(t.Context(), s, got); step.Action != Create {
+		t.Errorf("resumed replace: %s (%s), want the remediated machine's replacement", step.Action, step.Reason)
 	}
 }

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -336,21 +335,18 @@ func etcdDue(s *Snapshot) time.Duration {
 	return max(etcdPoll-time.Since(s.MembersRead), 10*time.Millisecond)
 }
 
-// findUnreferencedNodes gives a deleting machine whose nodeRef was never set
-// the node its provider ID names, as KCP does when it serves the pre-terminate
-// hook: without it, the machine would be released while its etcd member stays.
+// findUnreferencedNodes gives a deleting machine whose nodeRef was never set,
+// and one a MachineHealthCheck condemned (its nodeStartupTimeout passed), the
+// node its provider ID names, as KCP does when it remediates one and when it
+// serves the pre-terminate hook (tryGetEtcdMemberName): without it, the
+// machine would be deleted and released while its etcd member stays.
 func (e *Engine) findUnreferencedNodes(ctx context.Context, cp *kcpstate.ControlPlane) error {
-	for _, m := range cp.Machines.Filter(collections.HasDeletionTimestamp, collections.Not(collections.HasNode())) {
-		providerID := m.Spec.ProviderID
-		if providerID == "" {
-			if infra := cp.InfraResources[m.Name]; infra != nil {
-				providerID, _, _ = unstructured.NestedString(infra.Object, "spec", "providerID")
-			}
-		}
-		if providerID == "" {
+	for _, m := range cp.Machines.Filter(collections.Or(collections.HasDeletionTimestamp, MHCCondemned), collections.Not(collections.HasNode())) {
+		id := providerID(&Snapshot{CP: cp}, m)
+		if id == "" {
 			continue
 		}
-		node, err := e.Workload.NodeByProviderID(ctx, providerID)
+		node, err := e.Workload.NodeByProviderID(ctx, id)
 		if err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/blang/semver/v4"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/utils/ptr"
 
@@ -317,6 +318,59 @@ func MemberOf(s *Snapshot, m *clusterv1.Machine) (etcd.Member, bool) {
 	return etcd.Member{}, false
 }
 
+// OwnedMember is the etcd member that goes with m: the one named after its
+// node (MemberOf) or, while the Machine controller has not set its nodeRef
+// yet, one named after no machine's node — kubeadm's join registers the node
+// and joins etcd before the nodeRef is set, and KCP finds that member through
+// the node's providerID (tryGetEtcdMemberName). Such a member is m's only
+// when m is the one machine without a nodeRef and it the one member named
+// after no machine's node; two or more make it unknowable, an error that
+// names them. None (false) for a machine that has no member.
+func OwnedMember(s *Snapshot, m *clusterv1.Machine) (etcd.Member, bool, error) {
+	if nodeName(m) != "" {
+		member, ok := MemberOf(s, m)
+		return member, ok, nil
+	}
+	nodes := map[string]bool{}
+	for _, other := range s.CP.Machines {
+		nodes[nodeName(other)] = true
+	}
+	var unowned []etcd.Member
+	for _, member := range s.Members {
+		if member.Started() && !nodes[member.Name] {
+			unowned = append(unowned, member)
+		}
+	}
+	// A machine without a provider ID has no machine yet, let alone a
+	// node: it owns no member, and no other's member may be its.
+	unregistered := s.CP.Machines.Filter(collections.Not(collections.HasNode()), func(m *clusterv1.Machine) bool { return providerID(s, m) != "" })
+	switch {
+	case len(unowned) == 0 || !unregistered.Has(m):
+		return etcd.Member{}, false, nil
+	case len(unowned) == 1 && unregistered.Len() == 1:
+		return unowned[0], true, nil
+	}
+	var names []string
+	for _, member := range unowned {
+		names = append(names, member.String())
+	}
+	return etcd.Member{}, false, exitcode.Unsafef("machine %s has no node yet, and etcd members %s are named after no machine's node: one may be its, and which cannot be told; wait for the Machine controller to set the nodeRefs, or remove the member that is nobody's (etcdctl member remove)",
+		m.Name, strings.Join(names, ", "))
+}
+
+// providerID is m's provider ID, from the Machine or, before the Machine
+// controller copies it there, from its InfraMachine.
+func providerID(s *Snapshot, m *clusterv1.Machine) string {
+	if m.Spec.ProviderID != "" {
+		return m.Spec.ProviderID
+	}
+	if infra := s.CP.InfraResources[m.Name]; infra != nil {
+		id, _, _ := unstructured.NestedString(infra.Object, "spec", "providerID")
+		return id
+	}
+	return ""
+}
+
 // components are the static pods every control-plane node must run.
 func components(s *Snapshot) []string {
 	if s.EtcdManaged {
@@ -564,9 +618,19 @@ func SafeToRelease(s *Snapshot, m *clusterv1.Machine) error {
 
 // SafeToAdd checks that etcd keeps quorum while a new member joins and has not
 // yet become healthy.
+//
+// An alarm anywhere refuses too: NOSPACE and CORRUPT stop etcd's writes
+// cluster-wide, so a member could not join; KCP leaves a member with alarms
+// out only of the removal of that member itself.
 func SafeToAdd(s *Snapshot) error {
 	if !s.EtcdManaged {
 		return nil
+	}
+	for _, member := range s.Members {
+		if len(member.Alarms) > 0 {
+			return exitcode.Unsafef("cannot add a control-plane machine while etcd member %s has alarms %s (etcd takes no writes): replace its machine first, or clear the alarm (etcdctl alarm disarm)",
+				member, strings.Join(member.Alarms, ", "))
+		}
 	}
 	if p := etcd.Project(s.Members, etcd.Add, 0); !p.Safe {
 		return exitcode.Unsafef("cannot add a control-plane machine: %s", p.Reason())
@@ -574,16 +638,17 @@ func SafeToAdd(s *Snapshot) error {
 	return nil
 }
 
-// SafeToRemove checks that removing m's etcd member keeps quorum given the
-// health of the others (voting members only; a learner or an unnamed member
-// anywhere blocks, as in KCP). A machine without a member is safe to remove.
+// SafeToRemove checks that removing m's etcd member (OwnedMember) keeps
+// quorum given the health of the others (voting members only; a learner or an
+// unnamed member anywhere blocks, as in KCP). A machine without a member is
+// safe to remove.
 func SafeToRemove(s *Snapshot, m *clusterv1.Machine) error {
 	if !s.EtcdManaged {
 		return nil
 	}
-	member, ok := MemberOf(s, m)
-	if !ok {
-		return nil
+	member, ok, err := OwnedMember(s, m)
+	if err != nil || !ok {
+		return err
 	}
 	if p := etcd.Project(s.Members, etcd.Remove, member.ID); !p.Safe {
 		return exitcode.Unsafef("cannot remove machine %s: %s", m.Name, p.Reason())
@@ -768,14 +833,25 @@ func CheckTakeover(s *Snapshot) error {
 	if err := PausedBySomeoneElse(s); err != nil {
 		return err
 	}
-	// A remediation this tool began under its record is the resumed run's to
-	// finish (RemediationInProgress); KCP's own is KCP's.
-	_, ours := kcp.Annotations[record.Annotation]
-	if _, ok := kcp.Annotations[controlplanev1.RemediationInProgressAnnotation]; ok && !ours {
+	// A remediation this tool began under its record, after the record's
+	// start, is the resumed run's to finish (RemediationInProgress); KCP's
+	// own, begun before the pause, is KCP's.
+	if v, ok := kcp.Annotations[controlplanev1.RemediationInProgressAnnotation]; ok && !remediationOurs(kcp, v) {
 		return exitcode.Unsafef("KubeadmControlPlane %s has a remediation in progress (%s): let KCP finish it first",
 			kcp.Name, controlplanev1.RemediationInProgressAnnotation)
 	}
 	return nil
+}
+
+// remediationOurs reports whether the remediation recorded as value on kcp
+// began under this tool's operation record: after the record's start.
+func remediationOurs(kcp *controlplanev1.KubeadmControlPlane, value string) bool {
+	rec, err := record.Of(kcp)
+	if err != nil || rec == nil {
+		return false
+	}
+	r, err := remediationOf(value)
+	return err == nil && r != nil && !r.Timestamp.Time.Before(rec.Started)
 }
 
 // takeoverCheck is CheckTakeover for what HandOver.Pause reads on each
@@ -961,7 +1037,8 @@ func CameUp(s *Snapshot, m *clusterv1.Machine) bool {
 		return true
 	}
 	member, ok := MemberOf(s, m)
-	return ok && member.Voting() || !ok && !slices.ContainsFunc(s.Members, func(m etcd.Member) bool { return !m.Started() })
+	learning := slices.ContainsFunc(s.Members, func(other etcd.Member) bool { return !other.Started() })
+	return (ok && member.Voting()) || (!ok && !learning)
 }
 
 // machineNames names machines in their order, for messages that must read

@@ -36,6 +36,11 @@ func TestCheckStateRefuses(t *testing.T) {
 		{"a remediation in progress", func(s *Snapshot) {
 			s.CP.KCP.Annotations = map[string]string{controlplanev1.RemediationInProgressAnnotation: "{}"}
 		}, "remediation in progress"},
+		{"KCP's own remediation, begun before our record", func(s *Snapshot) {
+			s.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true",
+				record.Annotation: `{"operation":"upgrade","target":"v1.36.3","who":"us","started":"2026-01-01T02:00:00Z"}`,
+				controlplanev1.RemediationInProgressAnnotation: `{"machine":"m1","timestamp":"2026-01-01T01:00:00Z","retryCount":0}`}
+		}, "remediation in progress"},
 		{"an unfinished operation for another target", func(s *Snapshot) {
 			s.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true",
 				record.Annotation: `{"operation":"scale","target":"replicas=5","who":"someone"}`}
@@ -91,6 +96,14 @@ func TestCheckStateRefuses(t *testing.T) {
 	t.Run("our own unfinished operation resumes", func(t *testing.T) {
 		s := pausedByUs(world(machineSpec{}, machineSpec{}, machineSpec{}))
 		s.CP.KCP.Annotations[record.Annotation] = `{"operation":"upgrade","target":"v1.36.3","who":"us"}`
+		if err := CheckState(s, upgrade); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("our own remediation, begun under our record, resumes", func(t *testing.T) {
+		s := pausedByUs(world(machineSpec{}, machineSpec{}, machineSpec{}))
+		s.CP.KCP.Annotations[record.Annotation] = `{"operation":"upgrade","target":"v1.36.3","who":"us","started":"2026-01-01T01:00:00Z"}`
+		s.CP.KCP.Annotations[controlplanev1.RemediationInProgressAnnotation] = `{"machine":"m1","timestamp":"2026-01-01T01:10:00Z","retryCount":0}`
 		if err := CheckState(s, upgrade); err != nil {
 			t.Fatal(err)
 		}

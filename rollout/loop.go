@@ -333,10 +333,15 @@ func (e *Engine) delete(ctx context.Context, m *clusterv1.Machine, why string) (
 // otherwise move leadership off its member if needed, remove the member, then
 // release it.
 //
-// What stays must be healthy first, whatever the etcd mode: Next answers
-// ServeCleanupHook only when it is, and waits on it otherwise.
+// What stays must keep quorum and a machine with working components first,
+// whatever the etcd mode: Next answers ServeCleanupHook only when it does
+// (SafeToRelease), and waits on it otherwise.
 func (e *Engine) serveCleanupHook(ctx context.Context, s *Snapshot, m *clusterv1.Machine) error {
-	if member, ok := MemberOf(s, m); ok && !IsLast(s, m) && s.EtcdManaged {
+	member, ok, err := OwnedMember(s, m)
+	if err != nil {
+		return err
+	}
+	if ok && !IsLast(s, m) && s.EtcdManaged {
 		removed, err := e.removeMember(ctx, s, m, member)
 		if err != nil || !removed {
 			return err

@@ -64,10 +64,17 @@ const (
 	fNoNode                // never provisioned: no node, no member
 	fMHC                   // a MachineHealthCheck condemned it (components healthy)
 	fAlarm                 // an alarm (NOSPACE) on its member
-	mcFaults               // the number of faults, for the enumeration
+	// fNoNodeRef: a node and a healthy voting member, but no nodeRef, and
+	// no node found by its providerID either (the engine looks, as KCP's
+	// tryGetEtcdMemberName does). KCP would then delete and release it
+	// without removing its member — no progress the yardstick counts; the
+	// tool takes the one member named after no machine's node for its own
+	// when that is unambiguous (OwnedMember), and refuses otherwise.
+	fNoNodeRef
+	mcFaults // the number of faults, for the enumeration
 )
 
-var mcFaultNames = [...]string{"", "memberStopped", "memberMissing", "learner", "apiDown", "nodeDown", "noNode", "mhc", "alarm"}
+var mcFaultNames = [...]string{"", "memberStopped", "memberMissing", "learner", "apiDown", "nodeDown", "noNode", "mhc", "alarm", "noNodeRef"}
 
 // mcJoin is how far a machine the run created has come; a machine that is
 // there from the start has joined (its faults, if any, are permanent).
@@ -153,7 +160,16 @@ type mcState struct {
 
 func (st mcState) machines() []mcMachine { return st.m[:st.n] }
 
-func (m mcMachine) hasNode() bool { return m.join != joinNoNode && m.fault != fNoNode }
+// hasNode: the machine has a nodeRef, the one way the tool sees its node.
+func (m mcMachine) hasNode() bool {
+	return m.join != joinNoNode && m.fault != fNoNode && m.fault != fNoNodeRef
+}
+
+// ownsMember: the machine has an etcd member KCP would find for it (by its
+// nodeRef, or by its node's providerID: tryGetEtcdMemberName).
+func (m mcMachine) ownsMember() bool {
+	return m.voting() || m.fault == fLearner || m.join == joinLearner
+}
 
 // voting: a started, promoted member.
 func (m mcMachine) voting() bool {
@@ -167,7 +183,7 @@ func (m mcMachine) healthyVoter() bool {
 // allHealthy: node Ready, static pods Ready, a healthy voting member. A
 // MachineHealthCheck's verdict is not a component's health.
 func (m mcMachine) allHealthy() bool {
-	return m.healthyVoter() && m.fault != fNodeDown && m.fault != fAPIDown
+	return m.healthyVoter() && m.hasNode() && m.fault != fNodeDown && m.fault != fAPIDown
 }
 
 // condemned: to be replaced before anything else (Condemned's abstract twin).
@@ -351,7 +367,7 @@ func (st mcState) snapshot() (*Snapshot, Target) {
 			sp.learner = true
 		case fNodeDown:
 			sp.nodeDown = true
-		case fNoNode:
+		case fNoNode, fNoNodeRef:
 			sp.noNode = true
 		case fMHC:
 			sp.mhc = true
@@ -394,6 +410,14 @@ func (st mcState) snapshot() (*Snapshot, Target) {
 		}
 		s.CP.KCP.Annotations[controlplanev1.RemediationInProgressAnnotation] = fmt.Sprintf(
 			`{"machine":"m-remediated","timestamp":%q,"retryCount":0}`, s.Now.UTC().Format(time.RFC3339))
+	}
+	for i, m := range st.machines() {
+		if m.fault == fNoNodeRef {
+			// Its member, named after its node, which no nodeRef names yet;
+			// its provider ID, which names no node the engine could find.
+			s.Members = append(s.Members, etcd.Member{ID: uint64(i + 1), Name: fmt.Sprintf("n%d", i), Healthy: true})
+			s.CP.Machines[fmt.Sprintf("m%d", i)].Spec.ProviderID = fmt.Sprintf("sim://n%d", i)
+		}
 	}
 	switch st.extra {
 	case extraStarted:
@@ -441,8 +465,9 @@ const (
 	endOdd = "unexpected"
 )
 
-// apply is the step's effect on the world, or the run's end.
-func (st mcState) apply(step Step) (mcState, string) {
+// apply is the step's effect on the world, or the run's end; recorded says
+// that a Delete records KCP's remediation-in-progress, as the executor does.
+func (st mcState) apply(step Step, recorded bool) (mcState, string) {
 	i := st.index(step.Machine)
 	switch step.Action {
 	case Done:
@@ -468,11 +493,9 @@ func (st mcState) apply(step Step) (mcState, string) {
 		if i < 0 {
 			return st, endOdd
 		}
-		// As the executor records it (recordRemediation): a remediation
-		// whose replacement is still to come.
-		if st.m[i].remediating() && st.n <= st.replicas {
-			st.remediation = true
-		}
+		// As the executor records it (recordRemediation, RemediationRecord):
+		// a remediation whose replacement is still to come.
+		st.remediation = st.remediation || recorded
 		st.m[i].del, st.m[i].named = delDraining, false
 		return st, ""
 	case AwaitDeletion:
@@ -496,6 +519,18 @@ func (st mcState) apply(step Step) (mcState, string) {
 		return st, ""
 	}
 	return st, endOdd
+}
+
+// brokenBesides reports whether a machine other than skip, not deleting, not
+// condemned and joined, has a fault: KCP's preflight checks then hold every
+// add and delete but a remediation's.
+func (st mcState) brokenBesides(skip int) bool {
+	for i, m := range st.machines() {
+		if i != skip && m.del == delNone && !m.condemned() && m.join == joinDone && m.fault != fNone {
+			return true
+		}
+	}
+	return false
 }
 
 // The checks' abstract etcd: quorum of voting members, counted here
@@ -581,7 +616,12 @@ func (st mcState) kcpProgress() (bool, string) {
 			// the deleting one; one with all components healthy, and, when
 			// the deleting machine has a node (a member name), KCP's etcd
 			// check without its member.
-			if st.healthyBesides(i) && (!m.hasNode() || st.kcpEtcdHealthy(i)) {
+			if m.ownsMember() && !m.hasNode() {
+				// KCP finds no member for it and would release it with its member
+				// left in the cluster (fNoNodeRef): not progress to count.
+				return false, ""
+			}
+			if st.healthyBesides(i) && (!m.ownsMember() || st.kcpEtcdHealthy(i)) {
 				return true, fmt.Sprintf("KCP would serve m%d's pre-terminate hook: another machine is healthy and etcd keeps quorum without its member", i)
 			}
 			return false, ""
@@ -592,7 +632,15 @@ func (st mcState) kcpProgress() (bool, string) {
 	// every machine healthy, or while a remediation is in progress
 	// (checkHealthinessWhileRemediationInProgress) one machine with working
 	// components and etcd's quorum with the new member counted unhealthy.
-	if int(st.n) < int(st.replicas) && !slices.ContainsFunc(st.machines(), func(m mcMachine) bool { return m.join != joinDone || m.fault == fNoNode }) {
+	//
+	// Stricter than KCP: no add beside an etcd alarm. NOSPACE stops etcd's
+	// writes cluster-wide, so the new machine's node could not even register;
+	// clearing the alarm is the operator's (etcdctl alarm disarm).
+	// Stricter than KCP too: a machine without a nodeRef is a join still
+	// under way, waited on (for --provision-timeout), where KCP's relaxed
+	// check under a remediation would add beside it.
+	alarm := slices.ContainsFunc(st.machines(), func(m mcMachine) bool { return m.fault == fAlarm })
+	if int(st.n) < int(st.replicas) && !alarm && !slices.ContainsFunc(st.machines(), func(m mcMachine) bool { return m.join != joinDone || !m.hasNode() }) {
 		all := !slices.ContainsFunc(st.machines(), func(m mcMachine) bool { return !m.allHealthy() || m.fault == fMHC })
 		voters, healthy := st.etcdWithout(-1)
 		if voters == 1 {
@@ -602,14 +650,15 @@ func (st mcState) kcpProgress() (bool, string) {
 			return true, "KCP would create a machine"
 		}
 	}
-	// Remediation (remediation.go): more than one machine, none provisioning
-	// but the condemned (HasHealthyMachineStillProvisioning), and
-	// canSafelyRemediateMachine. The machines the run was asked to replace
-	// count as a MachineHealthCheck's.
-	if st.n <= 1 || slices.ContainsFunc(st.machines(), func(m mcMachine) bool { return !m.hasNode() && !m.condemned() }) {
+	// Remediation (remediation.go): no other remediation in progress, more
+	// than one machine, none provisioning but the condemned
+	// (HasHealthyMachineStillProvisioning), and canSafelyRemediateMachine.
+	// The machines the run was asked to replace count as a
+	// MachineHealthCheck's.
+	if st.remediation || st.n <= 1 || slices.ContainsFunc(st.machines(), func(m mcMachine) bool { return !m.hasNode() && !m.condemned() }) {
 		return false, ""
 	}
-	if i := st.kcpPick(); i >= 0 && st.healthyBesides(i) && (!st.m[i].hasNode() || st.kcpEtcdHealthy(i)) {
+	if i := st.kcpPick(); i >= 0 && !(st.m[i].ownsMember() && !st.m[i].hasNode()) && st.healthyBesides(i) && (!st.m[i].ownsMember() || st.kcpEtcdHealthy(i)) {
 		return true, fmt.Sprintf("KCP would remediate m%d: another machine is healthy and etcd keeps quorum without its member", i)
 	}
 	return false, ""
@@ -848,7 +897,11 @@ func (c *mcChecker) decide(st mcState) (mcState, string) {
 	s, t := st.snapshot()
 	step := Next(context.Background(), s, t)
 	c.checkStep(st, s, step)
-	next, end := st.apply(step)
+	recorded := false
+	if step.Action == Delete {
+		_, recorded = RemediationRecord(s, t, step.Machine)
+	}
+	next, end := st.apply(step, recorded)
 	switch end {
 	case endRefused, endStuck:
 		msg := step.Reason
@@ -900,6 +953,15 @@ func (c *mcChecker) checkStep(st mcState, s *Snapshot, step Step) {
 		if !st.healthyBesides(i) {
 			c.violate("no healthy machine left", st, what, "no other machine would have all components healthy")
 		}
+		// KCP's rules: no second remediation until the first one's
+		// replacement exists; a delete beside a broken machine only of a
+		// broken or condemned one (preflightChecks exclude the victim alone).
+		if st.remediation && st.n < st.replicas {
+			c.violate("against KCP's rules", st, what, "a remediation is in progress: its replacement comes first")
+		}
+		if !st.m[i].remediating() && st.brokenBesides(i) {
+			c.violate("against KCP's rules", st, what, "another machine is broken: only a remediation may delete now")
+		}
 		c.checkVictim(st, i, what)
 	case ServeCleanupHook:
 		if i < 0 {
@@ -913,7 +975,7 @@ func (c *mcChecker) checkStep(st mcState, s *Snapshot, step Step) {
 		}
 		// The executor (serveCleanupHook) must be able to do what Next chose.
 		m := step.Machine
-		if _, ok := MemberOf(s, m); ok && !IsLast(s, m) {
+		if _, ok, _ := OwnedMember(s, m); ok && !IsLast(s, m) {
 			if err := SafeToRemove(s, m); err != nil {
 				c.violate("hook the executor refuses", st, what, err.Error())
 			} else if Leads(s, m) && len(LeaderCandidates(s, m)) == 0 {
@@ -941,6 +1003,9 @@ func (c *mcChecker) checkStep(st mcState, s *Snapshot, step Step) {
 		}
 		if !st.healthyBesides(-1) {
 			c.violate("no healthy machine left", st, what, "no machine has all components healthy")
+		}
+		if st.brokenBesides(-1) && !(st.remediation && st.n < st.replicas) {
+			c.violate("against KCP's rules", st, what, "a machine is broken: only a remediated machine's replacement may be added now")
 		}
 	case RemoveStaleMember:
 		voters, healthy := st.etcdWithout(-1)

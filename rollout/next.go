@@ -96,9 +96,14 @@ type Step struct {
 // The order is the safety argument: first refuse broken states, then push
 // the paused KCP's in-place-mutable fields to machines that differ (a
 // deleting machine's drain timeout most of all), then finish any deletion in
-// progress, then wait for any machine still joining, then — with every
-// machine healthy — remove an etcd member no machine owns, and only then
-// create or delete exactly one machine.
+// progress, then wait for any machine still joining, then remove an etcd
+// member no machine owns, and only then create or delete exactly one
+// machine — with every machine but the condemned healthy, or, for a
+// remediation (a broken or MachineHealthCheck-condemned machine replaced, as
+// KCP remediates), with what KCP's remediation checks ask: one machine with
+// working components and etcd quorum after the step (SafeToRemediate,
+// SafeToAdd), and no other step until a remediated machine's replacement
+// exists.
 //
 // A member no machine owns comes before any create or delete: while it is
 // there the quorum projection refuses both (it counts as a join in progress),
@@ -165,16 +170,23 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	}
 	condemned := Condemned(s, t)
 	remediating := Remediating(s, condemned)
-	// A remediation goes on while other machines are broken, as KCP's does:
-	// its own checks (SafeToRemediate, SafeToAdd) keep quorum and one machine
-	// with working components. Any other step needs every machine healthy.
 	count := int32(machines.Len())
-	remediation := remediating.Len() > 0 || RemediationInProgress(s) && count < t.Replicas
-	// KCP remediates a condemned machine that never got a node before it
-	// waits on anything (pickMachineToBeRemediated): its deletion touches no
-	// etcd member and no working component, so no join need finish first.
-	if unborn := remediating.Filter(collections.Not(collections.HasNode())); unborn.Len() > 0 {
-		if step := remove(ctx, s, t, unborn, "machine(s) that never got a node to replace: delete first, as KCP remediates"); step.Action == Delete {
+	// From the delete of a broken machine until its replacement exists, that
+	// replacement is the one step (KCP's remediation-in-progress: "another
+	// remediation is already in progress"), and it may join beside broken
+	// machines (checkHealthinessWhileRemediationInProgress).
+	inProgress := RemediationInProgress(s) && count < t.Replicas
+	// KCP remediates a condemned machine whenever no machine is still
+	// provisioning, before it waits on any join (reconcileUnhealthyMachines
+	// comes first): one that owns no etcd member (no node, or a node whose
+	// member is gone) goes at once — its deletion touches no member, so no
+	// join need finish first.
+	memberless := remediating.Filter(func(m *clusterv1.Machine) bool {
+		_, ok, err := OwnedMember(s, m)
+		return err == nil && !ok
+	})
+	if memberless.Len() > 0 && !inProgress {
+		if step := remove(ctx, s, t, memberless, "machine(s) that own no etcd member to replace: delete first, as KCP remediates"); step.Action == Delete {
 			return step
 		}
 	}
@@ -189,6 +201,7 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		}
 		bad = append(bad, m)
 	}
+	remediation := remediating.Len() > 0 || inProgress
 	// A remediation goes on while a member no machine owns must wait (for
 	// a learner about to go, say): the quorum projections count that member
 	// as down, as KCP's targetEtcdClusterHealthy does.
@@ -199,29 +212,38 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	if count == t.Replicas && outdated.Len() == 0 {
 		return Step{Action: Done, Reason: fmt.Sprintf("%d control-plane machines, all up to date%s", count, stillBroken(s, bad))}
 	}
-	if len(bad) > 0 && !remediation {
+	// Any step but a remediation's needs every machine but the condemned
+	// healthy, as KCP's preflight checks do.
+	var unhealthy *Step
+	if len(bad) > 0 {
 		// A machine that was up and went bad may recover (a failed probe, a
 		// restarting pod); the loop waits a little before it gives up.
 		step := refuse(Problem(s, bad[0]))
 		step.Machine, step.Transient = bad[0], true
-		return step
+		unhealthy = &step
+	} else if err := Healthy(s, condemned.UnsortedList()...); err != nil {
+		step := refuse(err)
+		unhealthy = &step
 	}
-	// Any other step needs the whole control plane healthy; a remediation's
-	// own checks (SafeToRemediate, SafeToAdd) judge what it leaves.
-	if !remediation {
-		if err := Healthy(s, condemned.UnsortedList()...); err != nil {
-			return refuse(err)
-		}
+	if unhealthy != nil && !remediation {
+		return *unhealthy
 	}
 
 	lostOnes := lost(s, condemned)
 	addable := SafeToAdd(s) == nil
 	switch {
+	case inProgress:
+		return create(ctx, s, t, fmt.Sprintf("%d of %d control-plane machines: the replacement of a remediated machine", count, t.Replicas))
+	case unhealthy != nil:
+		// Beside a broken machine KCP adds only a remediated machine's
+		// replacement: the broken machine to replace goes first.
+		return remove(ctx, s, t, remediating, fmt.Sprintf("%d machine(s) to replace while %s: delete first, as KCP remediates",
+			outdated.Len(), strings.TrimPrefix(unhealthy.Reason, "machine ")))
 	case count < t.Replicas && (addable || lostOnes.Len() == 0):
 		return create(ctx, s, t, fmt.Sprintf("%d of %d control-plane machines", count, t.Replicas))
 	case count > t.Replicas:
 		return remove(ctx, s, t, outdated, fmt.Sprintf("%d control-plane machines, %d wanted", count, t.Replicas))
-	case count == t.Replicas && t.MaxSurge > 0 && len(bad) == 0 && (addable || lostOnes.Len() == 0):
+	case t.MaxSurge > 0 && (addable || lostOnes.Len() == 0):
 		return create(ctx, s, t, fmt.Sprintf("%d machine(s) to replace, surge first", outdated.Len()))
 	case lostOnes.Len() > 0:
 		// As KCP's remediation does: a machine whose etcd member is lost goes
@@ -229,11 +251,6 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 		// new member would otherwise have to help reach.
 		return remove(ctx, s, t, lostOnes, fmt.Sprintf("%d machine(s) to replace; machine(s) %s lost their etcd member: delete first",
 			outdated.Len(), strings.Join(machineNames(lostOnes.SortedByCreationTimestamp()), ", ")))
-	case len(bad) > 0:
-		// KCP adds a machine beside a broken one only to finish a
-		// remediation: the broken machine to replace goes first.
-		return remove(ctx, s, t, remediating, fmt.Sprintf("%d machine(s) to replace while machine(s) %s are broken: delete first, as KCP remediates",
-			outdated.Len(), strings.Join(machineNames(bad), ", ")))
 	default:
 		return remove(ctx, s, t, outdated, fmt.Sprintf("%d machine(s) to replace, no spare capacity: delete first", outdated.Len()))
 	}
@@ -328,10 +345,11 @@ func create(ctx context.Context, s *Snapshot, t Target, why string) Step {
 }
 
 // remove picks the victim among candidates — a condemned machine first, as
-// KCP remediates before it rolls out, then in KCP's order — and checks it may
-// go: a broken or MachineHealthCheck-condemned machine under KCP's
-// remediation rules (SafeToRemediate), any other with quorum kept (the
-// guards before it found every other machine healthy).
+// KCP remediates before it rolls out: the most broken of them (MostBroken)
+// when they are all broken, else in KCP's scale-down order (Victim) — and
+// checks it may go: one other machine keeps working components and etcd
+// keeps quorum without its member (SafeToRemediate). Next calls it for a
+// victim that is not broken only once every other machine is healthy.
 func remove(ctx context.Context, s *Snapshot, t Target, candidates collections.Machines, why string) Step {
 	// pool is what the delete-machine annotation may pick from: every
 	// machine, unless the step is narrowed to the machines it replaces — a
@@ -341,13 +359,14 @@ func remove(ctx context.Context, s *Snapshot, t Target, candidates collections.M
 	if narrowed := candidates.Filter(inSet(condemned)); narrowed.Len() > 0 {
 		candidates, pool = narrowed, narrowed
 	}
-	victim, err := Victim(ctx, s, candidates, pool)
-	if err != nil {
-		return refuse(err)
-	}
-	if remediating := Remediating(s, condemned).Filter(inSet(candidates)); remediating.Len() > 0 && remediating.Len() == candidates.Len() {
-		// Replacing broken machines, KCP takes the most broken first.
-		victim = MostBroken(s, remediating)
+	var victim *clusterv1.Machine
+	if broken := Remediating(s, condemned).Filter(inSet(candidates)); broken.Len() > 0 && broken.Len() == candidates.Len() {
+		victim = MostBroken(s, broken)
+	} else {
+		var err error
+		if victim, err = Victim(ctx, s, candidates, pool); err != nil {
+			return refuse(err)
+		}
 	}
 	if IsLast(s, victim) {
 		return refuse(exitcode.Unsafef("machine %s is the last control-plane machine: it is never deleted", victim.Name))

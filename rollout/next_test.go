@@ -148,7 +148,9 @@ func world(specs ...machineSpec) *Snapshot {
 			member.Name = ""
 		}
 		if sp.alarm {
-			member.Alarms = []string{"NOSPACE"}
+			// As etcd.Client.Members reads it: a member with alarms is not
+			// healthy.
+			member.Alarms, member.Healthy = []string{"NOSPACE"}, false
 		}
 		s.Members = append(s.Members, member)
 	}

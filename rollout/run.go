@@ -169,14 +169,20 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 // It is pure: a model check decides on it as the run does.
 func Admit(s *Snapshot, r Request, t Target, resuming bool) (Target, error) {
 	broken := Broken(s, t, resuming)
+	named, replacing := s.CP.Machines[r.Replace]
 	switch {
+	case r.Replace != "" && (!replacing || Remediating(s, Condemned(s, t)).Has(named)):
+		// A remediation, or one resumed after its machine went: every
+		// machine that came up and is broken is left to go on beside,
+		// the interrupted run's replacement too — it is waited on as a
+		// machine that went bad, for the recovery grace, not as a join
+		// that may last the health timeout.
+		t.Broken = machineNames(Broken(s, t, false).SortedByCreationTimestamp())
+		return t, nil
 	case broken.Len() == 0:
 		return t, nil
 	case r.ReplaceUnhealthy:
 		t.Condemned = machineNames(broken.SortedByCreationTimestamp())
-		return t, nil
-	case r.Replace != "" && s.CP.Machines[r.Replace] != nil && Remediating(s, Condemned(s, t)).Has(s.CP.Machines[r.Replace]):
-		t.Broken = machineNames(broken.SortedByCreationTimestamp())
 		return t, nil
 	}
 	return t, brokenRefusal(s, r, broken)

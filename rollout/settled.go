@@ -65,6 +65,17 @@ func Unsettled(cp *kcpstate.ControlPlane) []string {
 	return out
 }
 
+// onlyGenerationUnobserved reports whether all that keeps KCP unsettled
+// (Unsettled) is that it has not observed its generation: it reconciled
+// since the hand-back (its status is no longer Paused) and agrees the
+// rollout is done, but a reconcile fails after the machines.
+func onlyGenerationUnobserved(cp *kcpstate.ControlPlane) bool {
+	observed := *cp
+	observed.KCP = cp.KCP.DeepCopy()
+	observed.KCP.Status.ObservedGeneration = observed.KCP.Generation
+	return cp.KCP.Status.ObservedGeneration != cp.KCP.Generation && len(Unsettled(&observed)) == 0
+}
+
 // KCPSays is what kcp reports about itself in its own words: each of its
 // conditions that is not in its healthy state, with KCP's reason and
 // message. A KCP whose reconcile fails after the hand-back keeps its
@@ -147,10 +158,13 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit ti
 		}
 		if unsettled := Unsettled(cp); len(unsettled) > 0 {
 			// A move of CoreDNS KCP refuses fails every reconcile of KCP's
-			// before it writes its status: it never settles, though the
-			// rollout is done. That is the add-on's, said as a warning.
-			if _, err := e.Workload.CoreDNSBehind(ctx, cp.KCP); errors.As(err, &refused) {
-				return nil, nil
+			// before it writes its observedGeneration: once that is all KCP
+			// lacks, the rollout is done, and the add-on's trouble is said
+			// as a warning.
+			if onlyGenerationUnobserved(cp) {
+				if _, err := e.Workload.CoreDNSBehind(ctx, cp.KCP); errors.As(err, &refused) {
+					return nil, nil
+				}
 			}
 			return unsettled, nil
 		}

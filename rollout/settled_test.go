@@ -143,6 +143,16 @@ func TestAwaitSettledWarnsOfACoreDNSMoveKCPRefuses(t *testing.T) {
 	if !ev.find("await-kcp", progress.Done, "KCP refuses to move CoreDNS from coredns:v1.14.2 to coredns:v1.13.1 (a downgrade)") {
 		t.Errorf("the refusal is not said")
 	}
+	// Until KCP has reconciled since the hand-back, it has not agreed the
+	// rollout is done: the refusal does not end the wait.
+	f = settledWorld()
+	f.world.CP.KCP.Generation, f.world.CP.KCP.Status.ObservedGeneration = 4, 3
+	conditions.Set(f.world.CP.KCP, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionTrue, Reason: "Paused"})
+	f.coreDNSRefused = &workload.CoreDNSRefusedError{From: "coredns:v1.14.2", To: "coredns:v1.13.1", Why: "a downgrade"}
+	e, _ = engineFor(f, Timeouts{Handback: time.Second})
+	if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names(), e.Timeouts.Handback); exitcode.Of(err) != exitcode.Timeout {
+		t.Errorf("awaitSettled on a KCP still Paused: %v, want a timeout", err)
+	}
 }
 
 // TestUnsettledKCPIsToldInItsOwnWords: a KCP whose reconcile fails after
