@@ -66,6 +66,10 @@ func TestNextCompoundFaults(t *testing.T) {
 			s: inProgress(world(cur, machineSpec{alarm: true}), base.Add(time.Hour)), t: replace("gone", "m1"), action: Refuse, says: "etcdctl alarm disarm"},
 		{name: "an alarm on another member still refuses",
 			s: world(cur, machineSpec{alarm: true}, cur), t: replace("m2"), action: Refuse, says: "NOSPACE"},
+		{name: "replace of the machine that cannot go first names the one that can",
+			s: world(dead, machineSpec{apiDown: true}, cur), t: replace("m1", "m0"), action: Refuse, says: "kubectl cp-rollout replace demo m0"},
+		{name: "an older machine that went bad stops the run before a join is waited on",
+			s: world(old, deadOld, old, machineSpec{noNode: true}), t: Target{Operation: "upgrade", Replicas: 3, MaxSurge: 1}, action: Refuse, machine: "m1"},
 		// KCP's canSafelyRemediateMachine and
 		// checkHealthinessWhileRemediationInProgress: one machine with all
 		// components healthy, before a delete and before an add.
@@ -161,6 +165,20 @@ func TestAdmitReplaceBesideBrokenMachines(t *testing.T) {
 	r, tg = replace("m2")
 	if _, err := Admit(s, r, tg, false); err == nil || !strings.Contains(err.Error(), "kubectl cp-rollout replace demo m0") {
 		t.Errorf("replace of healthy m2 beside broken m0 and m1: %v, want a refusal naming m0's replace", err)
+	}
+	// The machine named first is the one whose removal keeps quorum: the
+	// most broken, not the oldest.
+	s = world(broken, machineSpec{unhealthy: true}, machineSpec{})
+	upgrade := Request{Operation: "upgrade"}
+	if _, err := Admit(s, upgrade, Target{Operation: "upgrade", Replicas: 3, MaxSurge: 1}, false); err == nil || !strings.Contains(err.Error(), "kubectl cp-rollout replace demo m1") {
+		t.Errorf("upgrade beside a dead member and an API server down: %v, want the dead member's machine named first", err)
+	}
+	// With no machine keeping its components working, no command could
+	// replace one: the refusal says what to do by hand.
+	s = world(broken, broken, broken)
+	if _, err := Admit(s, upgrade, Target{Operation: "upgrade", Replicas: 3, MaxSurge: 1}, false); err == nil ||
+		!strings.Contains(err.Error(), "by hand") || strings.Contains(err.Error(), "kubectl cp-rollout replace") {
+		t.Errorf("upgrade with every API server down: %v, want what to do by hand and no replace", err)
 	}
 	// Resumed: m0 went, its replacement is still to come.
 	s = world(broken, machineSpec{})

@@ -735,6 +735,7 @@ var mcReplaceHint = regexp.MustCompile(`kubectl cp-rollout replace demo m([0-9]+
 // decided on the same control plane, must be admitted in turn, and its run
 // is walked and checked as any other.
 func mcForward(c *mcChecker, r mcRefusal) (string, string) {
+	st := r.state
 	if !r.before {
 		return "", ""
 	}
@@ -749,6 +750,12 @@ func mcForward(c *mcChecker, r mcRefusal) (string, string) {
 		forward = append(forward, st)
 	}
 	if len(forward) == 0 {
+		// With no machine keeping its components working no command can
+		// add or remove one (KCP's rule too): the refusal says what to do
+		// by hand instead.
+		if !st.healthyBesides(-1) && strings.Contains(r.message, "by hand") {
+			return "", ""
+		}
 		return "dead end", "the refusal names no command that moves forward"
 	}
 	for _, st := range forward {

@@ -190,18 +190,28 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 			return step
 		}
 	}
+	remediation := remediating.Len() > 0 || inProgress
 	var bad []*clusterv1.Machine
+	var wentBad *clusterv1.Machine // the first that went bad during the run
 	for _, m := range machines.SortedByCreationTimestamp() {
 		err := Problem(s, m)
 		if err == nil || condemned.Has(m) {
 			continue
 		}
-		if Replacing(s)(m) && !slices.Contains(t.Broken, m.Name) {
+		known := slices.Contains(t.Broken, m.Name)
+		if Replacing(s)(m) && !known {
+			if wentBad != nil && !remediation {
+				// An older machine went bad: that is what stops the run
+				// (after its grace), not a join that may wait on it.
+				return wentBadStep(s, wentBad)
+			}
 			return Step{Action: AwaitJoin, Machine: m, Reason: err.Error()}
 		}
 		bad = append(bad, m)
+		if !known && wentBad == nil {
+			wentBad = m
+		}
 	}
-	remediation := remediating.Len() > 0 || inProgress
 	// A remediation goes on while a member no machine owns must wait (for
 	// a learner about to go, say): the quorum projections count that member
 	// as down, as KCP's targetEtcdClusterHealthy does.
@@ -216,10 +226,7 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	// healthy, as KCP's preflight checks do.
 	var unhealthy *Step
 	if len(bad) > 0 {
-		// A machine that was up and went bad may recover (a failed probe, a
-		// restarting pod); the loop waits a little before it gives up.
-		step := refuse(Problem(s, bad[0]))
-		step.Machine, step.Transient = bad[0], true
+		step := wentBadStep(s, bad[0])
 		unhealthy = &step
 	} else if err := Healthy(s, condemned.UnsortedList()...); err != nil {
 		step := refuse(err)
@@ -254,6 +261,15 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	default:
 		return remove(ctx, s, t, outdated, fmt.Sprintf("%d machine(s) to replace, no spare capacity: delete first", outdated.Len()))
 	}
+}
+
+// wentBadStep refuses m, a machine that was up and went bad, as Transient:
+// it may recover (a failed probe, a restarting pod), and the loop waits a
+// little before it gives up.
+func wentBadStep(s *Snapshot, m *clusterv1.Machine) Step {
+	step := refuse(Problem(s, m))
+	step.Machine, step.Transient = m, true
+	return step
 }
 
 // stillBroken names, for a Done step, the machines that are broken and were
@@ -372,10 +388,25 @@ func remove(ctx context.Context, s *Snapshot, t Target, candidates collections.M
 		return refuse(exitcode.Unsafef("machine %s is the last control-plane machine: it is never deleted", victim.Name))
 	}
 	if err := SafeToRemediate(s, victim, "deleting machine "+victim.Name); err != nil {
-		return refuse(err)
+		return refuse(withFirst(s, victim, err))
 	}
 	return Step{Action: Delete, Machine: victim,
 		Reason: fmt.Sprintf("delete machine %s: %s", victim.Name, why)}
+}
+
+// withFirst adds to err, a victim's refused removal, the machine to replace
+// first when another is broken: the most broken of them (MostBroken), whose
+// removal is the one that may keep quorum — replace X refused because Y's
+// member is down names replace Y.
+func withFirst(s *Snapshot, victim *clusterv1.Machine, err error) error {
+	others := s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp), func(m *clusterv1.Machine) bool {
+		return m != nil && m.Name != victim.Name && Problem(s, m) != nil
+	})
+	if others.Len() == 0 {
+		return err
+	}
+	first := MostBroken(s, others)
+	return exitcode.Unsafef("%w; machine %s is broken too (%v): %s", err, first.Name, strings.TrimPrefix(Problem(s, first).Error(), "machine "+first.Name+": "), replaceHint(s, first))
 }
 
 // Victim picks the machine to delete in KCP's order (scale.go): outdated

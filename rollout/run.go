@@ -153,7 +153,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 		if lock := e.lockedByAnotherRun(ctx); lock != nil {
 			return nil, lock // another run's step in flight is why (see CheckState above)
 		}
-		return nil, step.Err
+		return nil, exitcode.Unsafef("%w; nothing was changed", step.Err)
 	}
 	return p, nil
 }
@@ -190,13 +190,20 @@ func Admit(s *Snapshot, r Request, t Target, resuming bool) (Target, error) {
 
 // brokenRefusal refuses a run that would meet machines that came up and went
 // bad (Broken): no step could pass them, and the loop would pause the KCP
-// only to wait on them and give up. It names the oldest one, what is wrong
-// with it, and the commands that move forward.
+// only to wait on them and give up. It names the machine to replace first —
+// the most broken, as KCP remediates (MostBroken): its removal is the one
+// that keeps quorum — what is wrong with it, and the commands that move
+// forward; or, when no machine keeps its components working, what to do by
+// hand, since no command could add or remove a machine then.
 func brokenRefusal(s *Snapshot, r Request, broken collections.Machines) error {
-	m := broken.Oldest()
+	m := MostBroken(s, broken)
 	also := ""
 	if broken.Len() > 1 {
 		also = fmt.Sprintf(" (and %d more: %s)", broken.Len()-1, strings.Join(machineNames(broken.Difference(collections.FromMachines(m)).SortedByCreationTimestamp()), ", "))
+	}
+	if err := KeepsWorkingComponents(s, "replacing any of them", nil); err != nil {
+		return exitcode.Unsafef("%v%s: the %s cannot start while a control-plane machine is broken, and %v; nothing was changed",
+			Problem(s, m), also, r.Operation, err)
 	}
 	forward := replaceHint(s, m)
 	if r.Operation == "upgrade" || r.Operation == "scale" {
