@@ -10,6 +10,8 @@ import (
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/reconcilers/kubeadmcontrolplane"
+
+	"github.com/cp-rollout/cp-rollout/pkg/progress"
 )
 
 // Two things wrong at once: each case is a state KCP v1.14.2 recovers from
@@ -56,7 +58,7 @@ func TestNextCompoundFaults(t *testing.T) {
 		{name: "a record older than a machine is stale: it relaxes nothing",
 			s: inProgress(world(machineSpec{apiDown: true}, cur), base.Add(-time.Hour)), t: Target{Operation: "scale", Replicas: 3, MaxSurge: 1, Broken: []string{"m0"}}, action: Refuse, machine: "m0"},
 		{name: "a broken machine left after the replace is named, with its command",
-			s: world(machineSpec{apiDown: true}, cur, cur), t: replace("gone", "m0"), action: Done, says: "kubectl cp-rollout replace demo m0"},
+			s: world(machineSpec{apiDown: true}, cur, cur), t: replace("gone", "m0"), action: Done, warns: "kubectl cp-rollout replace demo m0"},
 		{name: "--replace-unhealthy on 5 with two dead: the dead go before any surge",
 			s: world(deadOld, deadOld, old, old, old), t: Target{Operation: "upgrade", Replicas: 5, MaxSurge: 1, Condemned: []string{"m0", "m1"}}, action: Delete, machine: "m0"},
 		// KCP's targetEtcdClusterHealthy leaves out the member it removes.
@@ -190,5 +192,18 @@ func TestAdmitReplaceBesideBrokenMachines(t *testing.T) {
 	}
 	if step := Next(t.Context(), s, got); step.Action != Create {
 		t.Errorf("resumed replace: %s (%s), want the remediated machine's replacement", step.Action, step.Reason)
+	}
+}
+
+// TestConvergeNamesTheBrokenMachinesItLeaves: a run done beside a machine
+// it was not asked to replace says so, with the command that replaces it.
+func TestConvergeNamesTheBrokenMachinesItLeaves(t *testing.T) {
+	f := newScripted(pausedByUs(world(machineSpec{apiDown: true}, machineSpec{}, machineSpec{})))
+	e, ev := engineFor(f, fast)
+	if err := converge(t, e, Target{Operation: "replace", Replicas: 3, MaxSurge: 1, Replace: "gone", Broken: []string{"m0"}}); err != nil {
+		t.Fatal(err)
+	}
+	if !ev.find("unhealthy", progress.Done, "kubectl cp-rollout replace demo m0") {
+		t.Errorf("the broken machine left is not named")
 	}
 }

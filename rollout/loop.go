@@ -47,6 +47,9 @@ func (e *Engine) Converge(ctx context.Context, t Target) (*Snapshot, error) {
 		prev, ended = s, nil
 		switch next.Action {
 		case Done:
+			if next.Warning != "" {
+				e.note(Unhealthy, next.Warning)
+			}
 			return s, nil
 		case Refuse:
 			ended, err = e.refuse(ctx, t, s, next)

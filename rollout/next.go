@@ -88,6 +88,9 @@ type Step struct {
 	// Transient marks a Refuse caused by a machine's health, which may
 	// recover by itself: the loop waits on it a while before it gives up.
 	Transient bool
+	// Warning, on Done, names what the run leaves that is not its to
+	// mend: machines broken beside the ones it replaced.
+	Warning string
 }
 
 // Next decides the one next step for s towards t. It is pure: it reads only s
@@ -220,7 +223,7 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	}
 	outdated := NeedingRollout(s, t)
 	if count == t.Replicas && outdated.Len() == 0 {
-		return Step{Action: Done, Reason: fmt.Sprintf("%d control-plane machines, all up to date%s", count, stillBroken(s, bad))}
+		return Step{Action: Done, Reason: fmt.Sprintf("%d control-plane machines, all up to date", count), Warning: stillBroken(s, bad)}
 	}
 	// Any step but a remediation's needs every machine but the condemned
 	// healthy, as KCP's preflight checks do.
@@ -273,12 +276,14 @@ func wentBadStep(s *Snapshot, m *clusterv1.Machine) Step {
 }
 
 // stillBroken names, for a Done step, the machines that are broken and were
-// not this run's to replace, with the command that replaces the first.
+// not this run's to replace, with the command that replaces the one to go
+// first (MostBroken); "" for none.
 func stillBroken(s *Snapshot, bad []*clusterv1.Machine) string {
 	if len(bad) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("; machine(s) %s still broken (%v): %s", strings.Join(machineNames(bad), ", "), Problem(s, bad[0]), replaceHint(s, bad[0]))
+	first := MostBroken(s, collections.FromMachines(bad...))
+	return fmt.Sprintf("machine(s) %s still broken (%v): %s", strings.Join(machineNames(bad), ", "), Problem(s, first), replaceHint(s, first))
 }
 
 // lost selects the machines among condemned whose etcd member is not a

@@ -177,7 +177,7 @@ func TestNext(t *testing.T) {
 		{name: "a deleting machine never counts as needing rollout", s: world(cur, cur, cur, machineSpec{outdated: true, deleting: true, noHook: true}), t: upgrade, action: AwaitDeletion, machine: "m3"},
 		{name: "outdated machine with a stopped member is refused", s: world(old, machineSpec{outdated: true, unhealthy: true}, old), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "n1"},
 		{name: "up-to-date machine with a stopped member is refused", s: world(old, machineSpec{unhealthy: true}, cur), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "etcd member n1"},
-		{name: "nothing to do with a broken machine is done, naming its replace", s: world(cur, machineSpec{unhealthy: true}, cur), t: upgrade, action: Done, says: "kubectl cp-rollout replace demo m1"},
+		{name: "nothing to do with a broken machine is done, naming its replace", s: world(cur, machineSpec{unhealthy: true}, cur), t: upgrade, action: Done, warns: "kubectl cp-rollout replace demo m1"},
 		{name: "alarm is refused", s: world(old, old, machineSpec{outdated: true, alarm: true}), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "NOSPACE"},
 		{name: "node down on an old machine is refused", s: world(old, machineSpec{outdated: true, nodeDown: true}, old), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "node n1 not Ready"},
 		{name: "missing infra machine is refused", s: world(old, machineSpec{outdated: true, noInfra: true}, old), t: upgrade, action: Refuse, code: exitcode.Unsafe, says: "m1"},
@@ -281,6 +281,7 @@ type stepCase struct {
 	machine string
 	code    int    // for Refuse; Unsafe when 0
 	says    string // in the reason
+	warns   string // in the warning
 }
 
 func (tc stepCase) check(t *testing.T) {
@@ -299,6 +300,9 @@ func (tc stepCase) check(t *testing.T) {
 	}
 	if !strings.Contains(step.Reason, tc.says) {
 		t.Fatalf("reason %q lacks %q", step.Reason, tc.says)
+	}
+	if (tc.warns == "") != (step.Warning == "") || !strings.Contains(step.Warning, tc.warns) {
+		t.Fatalf("warning %q, want %q", step.Warning, tc.warns)
 	}
 }
 
