@@ -77,6 +77,8 @@ func TestNextCompoundFaults(t *testing.T) {
 		// components healthy, before a delete and before an add.
 		{name: "all three condemned, etcd fine, surge 1: no create",
 			s: world(mhcDown, mhcDown, mhcDown), t: Target{Operation: "upgrade", Replicas: 3, MaxSurge: 1}, action: Refuse, says: "no control-plane machine with all its components working"},
+		{name: "replace of one of three with every API server down names no other replace (it would refuse too)",
+			s: world(machineSpec{apiDown: true}, machineSpec{apiDown: true}, machineSpec{apiDown: true}), t: replace("m0", "m1", "m2"), action: Refuse, says: "by hand", lacks: "kubectl cp-rollout replace"},
 		{name: "all three condemned, etcd fine, surge 0: no delete",
 			s: world(mhcDown, mhcDown, mhcDown), t: Target{Operation: "upgrade", Replicas: 3, MaxSurge: 0}, action: Refuse, says: "no control-plane machine with all its components working"},
 		// KCP reads a MachineHealthCheck's verdict as

@@ -400,9 +400,9 @@ func remove(ctx context.Context, s *Snapshot, t Target, candidates collections.M
 }
 
 // withFirst adds to err, a victim's refused removal, the machine to replace
-// first when another is broken: the most broken of them (MostBroken), whose
-// removal is the one that may keep quorum — replace X refused because Y's
-// member is down names replace Y.
+// first when another is broken: the most broken of them (MostBroken), when
+// its removal would be allowed — replace X refused because Y's member is
+// down names replace Y.
 func withFirst(s *Snapshot, victim *clusterv1.Machine, err error) error {
 	others := s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp), func(m *clusterv1.Machine) bool {
 		return m != nil && m.Name != victim.Name && Problem(s, m) != nil
@@ -411,6 +411,9 @@ func withFirst(s *Snapshot, victim *clusterv1.Machine, err error) error {
 		return err
 	}
 	first := MostBroken(s, others)
+	if SafeToRemediate(s, first, "") != nil {
+		return err // its removal is refused too: naming it would send the user round in a circle
+	}
 	return exitcode.Unsafef("%w; machine %s is broken too (%v): %s", err, first.Name, strings.TrimPrefix(Problem(s, first).Error(), "machine "+first.Name+": "), replaceHint(s, first))
 }
 

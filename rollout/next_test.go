@@ -282,6 +282,7 @@ type stepCase struct {
 	code    int    // for Refuse; Unsafe when 0
 	says    string // in the reason
 	warns   string // in the warning
+	lacks   string // not in the reason
 }
 
 func (tc stepCase) check(t *testing.T) {
@@ -300,6 +301,9 @@ func (tc stepCase) check(t *testing.T) {
 	}
 	if !strings.Contains(step.Reason, tc.says) {
 		t.Fatalf("reason %q lacks %q", step.Reason, tc.says)
+	}
+	if tc.lacks != "" && strings.Contains(step.Reason, tc.lacks) {
+		t.Fatalf("reason %q has %q", step.Reason, tc.lacks)
 	}
 	if (tc.warns == "") != (step.Warning == "") || !strings.Contains(step.Warning, tc.warns) {
 		t.Fatalf("warning %q, want %q", step.Warning, tc.warns)
