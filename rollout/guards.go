@@ -341,9 +341,9 @@ func OwnedMember(s *Snapshot, m *clusterv1.Machine) (etcd.Member, bool, error) {
 			unowned = append(unowned, member)
 		}
 	}
-	// A machine without a provider ID has no machine yet, let alone a
-	// node: it owns no member, and no other's member may be its.
-	unregistered := s.CP.Machines.Filter(collections.Not(collections.HasNode()), func(m *clusterv1.Machine) bool { return providerID(s, m) != "" })
+	// A machine without a provider ID has no infrastructure yet, let alone
+	// a node: it owns no member, and no member may be its.
+	unregistered := s.CP.Machines.Filter(collections.Not(collections.HasNode()), func(other *clusterv1.Machine) bool { return providerID(s, other) != "" })
 	switch {
 	case len(unowned) == 0 || !unregistered.Has(m):
 		return etcd.Member{}, false, nil
