@@ -68,6 +68,8 @@ func TestNextCompoundFaults(t *testing.T) {
 			s: inProgress(world(cur, machineSpec{alarm: true}), base.Add(time.Hour)), t: replace("gone", "m1"), action: Refuse, says: "etcdctl alarm disarm"},
 		{name: "an alarm on another member still refuses",
 			s: world(cur, machineSpec{alarm: true}, cur), t: replace("m2"), action: Refuse, says: "NOSPACE"},
+		{name: "with external etcd a broken machine's replacement still comes first, surge 1",
+			s: external(world(machineSpec{apiDown: true}, cur, cur)), t: replace("m0"), action: Create},
 		{name: "replace of the machine that cannot go first names the one that can",
 			s: world(dead, machineSpec{apiDown: true}, cur), t: replace("m1", "m0"), action: Refuse, says: "kubectl cp-rollout replace demo m0"},
 		{name: "an older machine that went bad stops the run before a join is waited on",

@@ -179,14 +179,13 @@ func Next(ctx context.Context, s *Snapshot, t Target) Step {
 	// remediation is already in progress"), and it may join beside broken
 	// machines (checkHealthinessWhileRemediationInProgress).
 	inProgress := RemediationInProgress(s) && count < t.Replicas
-	// KCP remediates a condemned machine whenever no machine is still
-	// provisioning, before it waits on any join (reconcileUnhealthyMachines
-	// comes first): one that owns no etcd member (no node, or a node whose
-	// member is gone) goes at once — its deletion touches no member, so no
-	// join need finish first.
+	// KCP remediates a condemned machine before it waits on any join
+	// (reconcileUnhealthyMachines comes first): with stacked etcd, one that
+	// owns no member (no node, or a node whose member is gone) goes at once
+	// — its deletion touches no member, so no join need finish first.
 	memberless := remediating.Filter(func(m *clusterv1.Machine) bool {
 		_, ok, err := OwnedMember(s, m)
-		return err == nil && !ok
+		return s.EtcdManaged && err == nil && !ok
 	})
 	if memberless.Len() > 0 && !inProgress {
 		if step := remove(ctx, s, t, memberless, "machine(s) that own no etcd member to replace: delete first, as KCP remediates"); step.Action == Delete {
