@@ -424,8 +424,9 @@ func withMembers(s *Snapshot, members ...etcd.Member) *Snapshot {
 	return s
 }
 
+// external is s with external etcd: the engine then reads no members.
 func external(s *Snapshot) *Snapshot {
-	s.EtcdManaged = false
+	s.EtcdManaged, s.Members = false, nil
 	return s
 }
 
