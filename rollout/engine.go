@@ -342,7 +342,7 @@ func etcdDue(s *Snapshot) time.Duration {
 // machine would be deleted and released while its etcd member stays.
 func (e *Engine) findUnreferencedNodes(ctx context.Context, cp *kcpstate.ControlPlane) error {
 	for _, m := range cp.Machines.Filter(collections.Or(collections.HasDeletionTimestamp, MHCCondemned), collections.Not(collections.HasNode())) {
-		id := providerID(&Snapshot{CP: cp}, m)
+		id := providerID(cp, m)
 		if id == "" {
 			continue
 		}

@@ -19,6 +19,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/collections"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
@@ -111,9 +112,13 @@ func MHCCondemned(m *clusterv1.Machine) bool {
 
 // Remediable reports whether m is condemned by a MachineHealthCheck
 // (MHCCondemned) and KCP's spec.remediation allows its replacement now
-// (RemediationHeld says nothing).
+// (RemediationFor holds nothing back).
 func Remediable(s *Snapshot, m *clusterv1.Machine) bool {
-	return MHCCondemned(m) && RemediationHeld(s, m) == ""
+	if !MHCCondemned(m) {
+		return false
+	}
+	_, held := RemediationFor(s, m)
+	return held == ""
 }
 
 // Remediation is what KCP records of a remediation, in the KubeadmControlPlane's
@@ -162,8 +167,8 @@ func RemediationFor(s *Snapshot, m *clusterv1.Machine) (Remediation, string) {
 			m.Name, lastTime.Format(time.RFC3339), retryPeriod)
 	}
 	if spec.MaxRetry != nil && next.RetryCount >= int(*spec.MaxRetry) {
-		return next, fmt.Sprintf("machine %s is the %d. replacement in a row that failed within spec.remediation.minHealthyPeriodSeconds (%s), and spec.remediation.maxRetry is %d",
-			m.Name, next.RetryCount+1, minHealthy, *spec.MaxRetry)
+		return next, fmt.Sprintf("machine %s replaced a machine remediated at %s, after %d replacements in a row that failed within spec.remediation.minHealthyPeriodSeconds (%s), and spec.remediation.maxRetry is %d",
+			m.Name, lastTime.Format(time.RFC3339), next.RetryCount, minHealthy, *spec.MaxRetry)
 	}
 	next.RetryCount++
 	return next, ""
@@ -184,13 +189,6 @@ func RemediationRecord(s *Snapshot, t Target, m *clusterv1.Machine) (Remediation
 	}
 	r, _ := RemediationFor(s, m)
 	return r, true
-}
-
-// RemediationHeld says why KCP's spec.remediation holds back the remediation
-// of m now, "" when it does not (RemediationFor).
-func RemediationHeld(s *Snapshot, m *clusterv1.Machine) string {
-	_, held := RemediationFor(s, m)
-	return held
 }
 
 // remediationOf parses a remediation annotation's value; nil for none.
@@ -331,10 +329,7 @@ func OwnedMember(s *Snapshot, m *clusterv1.Machine) (etcd.Member, bool, error) {
 		member, ok := MemberOf(s, m)
 		return member, ok, nil
 	}
-	nodes := map[string]bool{}
-	for _, other := range s.CP.Machines {
-		nodes[nodeName(other)] = true
-	}
+	nodes := machineNodes(s)
 	var unowned []etcd.Member
 	for _, member := range s.Members {
 		if member.Started() && !nodes[member.Name] {
@@ -343,7 +338,7 @@ func OwnedMember(s *Snapshot, m *clusterv1.Machine) (etcd.Member, bool, error) {
 	}
 	// A machine without a provider ID has no infrastructure yet, let alone
 	// a node: it owns no member, and no member may be its.
-	unregistered := s.CP.Machines.Filter(collections.Not(collections.HasNode()), func(other *clusterv1.Machine) bool { return providerID(s, other) != "" })
+	unregistered := s.CP.Machines.Filter(collections.Not(collections.HasNode()), func(other *clusterv1.Machine) bool { return providerID(s.CP, other) != "" })
 	switch {
 	case len(unowned) == 0 || !unregistered.Has(m):
 		return etcd.Member{}, false, nil
@@ -358,13 +353,23 @@ func OwnedMember(s *Snapshot, m *clusterv1.Machine) (etcd.Member, bool, error) {
 		m.Name, strings.Join(names, ", "))
 }
 
+// machineNodes names the nodes of the control-plane machines: an etcd member
+// named after none of them is no machine's by its nodeRef.
+func machineNodes(s *Snapshot) map[string]bool {
+	nodes := map[string]bool{}
+	for _, m := range s.CP.Machines {
+		nodes[nodeName(m)] = true
+	}
+	return nodes
+}
+
 // providerID is m's provider ID, from the Machine or, before the Machine
 // controller copies it there, from its InfraMachine.
-func providerID(s *Snapshot, m *clusterv1.Machine) string {
+func providerID(cp *kcpstate.ControlPlane, m *clusterv1.Machine) string {
 	if m.Spec.ProviderID != "" {
 		return m.Spec.ProviderID
 	}
-	if infra := s.CP.InfraResources[m.Name]; infra != nil {
+	if infra := cp.InfraResources[m.Name]; infra != nil {
 		id, _, _ := unstructured.NestedString(infra.Object, "spec", "providerID")
 		return id
 	}
@@ -471,10 +476,7 @@ func Healthy(s *Snapshot, skip ...*clusterv1.Machine) error {
 	if !s.EtcdManaged {
 		return nil
 	}
-	nodes := map[string]bool{}
-	for _, m := range s.CP.Machines {
-		nodes[nodeName(m)] = true
-	}
+	nodes := machineNodes(s)
 	// While a machine has no node, a member named after no node may yet be
 	// its (StaleMembers holds too): the quorum projections count it, and it
 	// is removed once every machine has a node.
@@ -532,13 +534,12 @@ func KeepsWorkingComponents(s *Snapshot, what string, leaving *clusterv1.Machine
 		if leaving != nil && m.Name == leaving.Name {
 			continue
 		}
-		switch err := Problem(s, m); {
-		case !m.DeletionTimestamp.IsZero():
+		// A machine not deleting whose components do not work has a
+		// Problem: ComponentsHealthy asks less than Problem.
+		if !m.DeletionTimestamp.IsZero() {
 			why = append(why, m.Name+" is deleting")
-		case err != nil:
-			why = append(why, strings.TrimPrefix(err.Error(), "machine "))
-		default:
-			why = append(why, m.Name+": its etcd member is not a healthy voter")
+		} else {
+			why = append(why, strings.TrimPrefix(Problem(s, m).Error(), "machine "))
 		}
 	}
 	return exitcode.Unsafef("%s would leave no control-plane machine with all its components working (%s): no machine could join, and the cluster would have no API server; bring one machine's node and static pods back by hand (kubectl get pods -n kube-system on the workload cluster), then re-run",
@@ -577,7 +578,7 @@ func MostBroken(s *Snapshot, machines collections.Machines) *clusterv1.Machine {
 		// A node not Ready leaves its pods' health unknown, which KCP
 		// counts as not healthy.
 		down := func(pod string) bool { return !node.Ready || !node.Pods[pod] }
-		ranks := []bool{hasAnnotation(m, clusterv1.RemediateMachineAnnotation), name == ""}
+		ranks := []bool{annotations.HasRemediateMachine(m), name == ""}
 		if s.EtcdManaged {
 			ranks = append(ranks, !ok || !member.HealthyVoter(), down(workload.EtcdComponent))
 		}
@@ -598,11 +599,6 @@ func MostBroken(s *Snapshot, machines collections.Machines) *clusterv1.Machine {
 		}
 		return 0 // slices.MinFunc keeps the first, the oldest
 	})
-}
-
-func hasAnnotation(m *clusterv1.Machine, key string) bool {
-	_, ok := m.Annotations[key]
-	return ok
 }
 
 // SafeToRelease checks what KCP's reconcilePreTerminateHook checks before it

@@ -17,7 +17,6 @@ import (
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/etcd"
 )
@@ -365,6 +364,8 @@ func (st mcState) snapshot() (*Snapshot, Target) {
 			sp.noMember = true
 		case fLearner:
 			sp.learner = true
+		case fAPIDown:
+			sp.apiDown = true
 		case fNodeDown:
 			sp.nodeDown = true
 		case fNoNode, fNoNodeRef:
@@ -381,15 +382,11 @@ func (st mcState) snapshot() (*Snapshot, Target) {
 	t := Target{Operation: strings.TrimSuffix(mcVerbNames[st.verb], "+replace-unhealthy"), Replicas: int32(st.replicas), MaxSurge: int32(st.surge)}
 	for i, m := range st.machines() {
 		name := fmt.Sprintf("m%d", i)
-		switch m.fault {
-		case fAPIDown:
-			// Only the API server: world's podDown takes etcd's pod too.
-			s.Nodes[fmt.Sprintf("n%d", i)].Pods["kube-apiserver"] = false
-		case fMHC:
-			// Both conditions, as the MachineHealthCheck writes them
-			// (collections.IsUnhealthyAndOwnerRemediated).
-			conditions.Set(s.CP.Machines[name], metav1.Condition{Type: clusterv1.MachineHealthCheckSucceededCondition,
-				Status: metav1.ConditionFalse, Reason: "UnhealthyNode"})
+		if m.fault == fNoNodeRef {
+			// Its member, named after its node, which no nodeRef names yet;
+			// its provider ID, which names no node the engine could find.
+			s.Members = append(s.Members, etcd.Member{ID: uint64(i + 1), Name: fmt.Sprintf("n%d", i), Healthy: true})
+			s.CP.Machines[name].Spec.ProviderID = fmt.Sprintf("sim://n%d", i)
 		}
 		if m.named {
 			if st.verb == verbReplace {
@@ -408,16 +405,7 @@ func (st mcState) snapshot() (*Snapshot, Target) {
 		if s.CP.KCP.Annotations == nil {
 			s.CP.KCP.Annotations = map[string]string{}
 		}
-		s.CP.KCP.Annotations[controlplanev1.RemediationInProgressAnnotation] = fmt.Sprintf(
-			`{"machine":"m-remediated","timestamp":%q,"retryCount":0}`, s.Now.UTC().Format(time.RFC3339))
-	}
-	for i, m := range st.machines() {
-		if m.fault == fNoNodeRef {
-			// Its member, named after its node, which no nodeRef names yet;
-			// its provider ID, which names no node the engine could find.
-			s.Members = append(s.Members, etcd.Member{ID: uint64(i + 1), Name: fmt.Sprintf("n%d", i), Healthy: true})
-			s.CP.Machines[fmt.Sprintf("m%d", i)].Spec.ProviderID = fmt.Sprintf("sim://n%d", i)
-		}
+		s.CP.KCP.Annotations[controlplanev1.RemediationInProgressAnnotation] = Remediation{Machine: "m-remediated", Timestamp: metav1.NewTime(s.Now)}.Marshal()
 	}
 	switch st.extra {
 	case extraStarted:
