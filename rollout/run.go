@@ -292,7 +292,7 @@ func (e *Engine) lockWait(then string) *lockWait { return &lockWait{e: e, then: 
 // watching is the call's waiting hook.
 func (w *lockWait) watching(l *coordinationv1.Lease) {
 	w.st = w.e.begin(AwaitLock, "", fmt.Sprintf("the lock is held by %s: watching whether it is still renewed; if it goes %s without, it is %s",
-		runlock.Holder(l), runlock.LeaseDuration, w.then))
+		runlock.Holder(l), runlock.DurationOf(l), w.then))
 }
 
 // end closes the step, if the call began one, with the call's error.

@@ -18,7 +18,7 @@ import (
 // LockedBy is the refusal a run meets while lease's live holder runs (exit 5).
 func (c *Client) LockedBy(lease *coordinationv1.Lease) error {
 	return exitcode.Lockedf("cluster %s/%s is locked by %s, which still renews it: wait for that run to end (a run that is gone no longer renews it, and a new run takes its lock over once it has watched it go %s unrenewed)",
-		c.Namespace, c.Cluster, runlock.Holder(lease), runlock.LeaseDuration)
+		c.Namespace, c.Cluster, runlock.Holder(lease), runlock.DurationOf(lease))
 }
 
 // awaitExpiry watches a held Lease for its duration, reading it every

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -22,6 +23,7 @@ import (
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg/desiredstate"
 
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/runlock"
 )
 
@@ -101,18 +103,40 @@ func (c *Client) createMachine(ctx context.Context, templates client.Client, kcp
 		return nil, cleanup(err)
 	}
 	if err := c.applyAsKCP(ctx, machine); err != nil {
-		// The apply may have gone through before its answer was lost (a
-		// cancelled or timed-out call): then the pieces belong to a Machine and
-		// must stay.
-		readCtx, cancel := runlock.CleanupContext(ctx)
-		exists := c.c.Get(readCtx, client.ObjectKeyFromObject(machine), &clusterv1.Machine{})
-		cancel()
-		if exists == nil {
-			return nil, fmt.Errorf("creating Machine %s: %w (the Machine exists; the next run goes on with it)", machine.Name, err)
+		left := fmt.Sprintf("its %s and KubeadmConfig %s were left", infra.GetKind(), config.Name)
+		switch {
+		case exitcode.Of(err) == exitcode.Locked:
+			// Never sent; but with the lock gone, neither may the cleanup be.
+			return nil, fmt.Errorf("creating Machine %s: %w (not sent; %s, and the next run deletes them)", machine.Name, err, left)
+		case !refusedUnapplied(err):
+			// The apply may have gone through before its answer was lost (a
+			// cancelled or timed-out call, a 5xx), or a slow server may still
+			// apply it after any look: the pieces may belong to a Machine and
+			// must stay. If there is none, they are orphans, which the next
+			// run finds and deletes (Orphans).
+			return nil, fmt.Errorf("creating Machine %s: %w (whether it was created cannot be told: %s; the next run goes on with the Machine, or deletes them if there is none)", machine.Name, err, left)
 		}
 		return nil, cleanup(fmt.Errorf("creating Machine %s: %w", machine.Name, err))
 	}
 	return machine, nil
+}
+
+// refusedUnapplied reports whether err is an API server's answer that it did
+// not apply the request: refused as it stood (invalid, forbidden,
+// conflicting, rate-limited, ...). Anything else — a timeout, a 5xx, a
+// broken connection, a cancellation — leaves open whether it was applied.
+func refusedUnapplied(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return false
+	}
+	switch code := status.Status().Code; {
+	case code == http.StatusRequestTimeout:
+		return false
+	case code >= 400 && code < 500:
+		return true
+	}
+	return false
 }
 
 // applyAsKCP server-side applies obj with KCP's field manager and reads the

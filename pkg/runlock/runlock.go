@@ -45,14 +45,16 @@ type Lock struct {
 	mu   sync.Mutex
 	lost error
 	// renewed is when the last successful write of the Lease was sent: others
-	// can only have seen it after that.
-	renewed time.Time
+	// can only have seen it after that. It carries both of Go's readings:
+	// the monotonic one, which no clock step moves, and the wall one (kept
+	// stripped in renewedWall), which goes on while the machine sleeps.
+	renewed, renewedWall time.Time
 }
 
 // New is the lock of holder, who has just written lease; renewed is when
 // that write was sent.
 func New(c client.Client, lease *coordinationv1.Lease, holder string, renewed time.Time) *Lock {
-	return &Lock{c: c, lease: lease, holder: holder, renewed: renewed}
+	return &Lock{c: c, lease: lease, holder: holder, renewed: renewed, renewedWall: renewed.Round(0)}
 }
 
 // Holder describes a Lease's holder for messages. The renew time is the
@@ -75,9 +77,19 @@ func Live(l *coordinationv1.Lease, now time.Time) bool {
 	return now.Before(l.Spec.RenewTime.Add(DurationOf(l)))
 }
 
-// DurationOf is how long l's holder promises to renew within.
+// MaxLeaseDuration bounds how long a Lease is watched unrenewed before it is
+// taken over, whatever duration it claims.
+const MaxLeaseDuration = 4 * LeaseDuration
+
+// DurationOf is how long l's holder promises to renew within, as far as this
+// tool believes it. Every run writes LeaseDuration; a Lease claiming less
+// (zero or negative would let a live holder's lock go at the first look) is
+// held to LeaseDuration, and one claiming more than MaxLeaseDuration (a
+// Lease written by hand with a huge duration would lock the cluster out for
+// good) to MaxLeaseDuration.
 func DurationOf(l *coordinationv1.Lease) time.Duration {
-	return time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, int32(LeaseDuration/time.Second))) * time.Second
+	d := time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, int32(LeaseDuration/time.Second))) * time.Second
+	return min(max(d, LeaseDuration), MaxLeaseDuration)
 }
 
 // Keep renews the Lease every RetryPeriod until ctx ends. A renewal that
@@ -116,7 +128,18 @@ func (l *Lock) Keep(ctx context.Context, onLost func(error)) {
 func (l *Lock) deadline() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.renewed.Add(RenewDeadline)
+	return time.Now().Add(RenewDeadline - l.sinceRenewed())
+}
+
+// sinceRenewed is how long ago the last renewal was sent, by whichever of
+// the two clocks says longer; l.mu held. The monotonic clock alone would not
+// do: on Linux it stops while the machine is suspended, so a laptop whose
+// lid closed mid-run would wake to "3 s since renewal" while another run
+// took its Lease over. The wall clock goes on, but can be stepped back; the
+// larger reading errs on the side of stopping.
+func (l *Lock) sinceRenewed() time.Duration {
+	now := time.Now()
+	return max(now.Sub(l.renewed), now.Round(0).Sub(l.renewedWall))
 }
 
 // Held reports, without I/O, whether the lock is still safely held: not lost,
@@ -128,7 +151,7 @@ func (l *Lock) Held() error {
 	if l.lost != nil {
 		return exitcode.New(exitcode.Locked, l.lost)
 	}
-	if since := time.Since(l.renewed); since >= RenewDeadline {
+	if since := l.sinceRenewed(); since >= RenewDeadline {
 		return exitcode.Lockedf("the lock on %s was last renewed %s ago; stopping before another run may take it", l.lease.Name, since.Round(100*time.Millisecond))
 	}
 	return nil
@@ -168,7 +191,7 @@ func (l *Lock) renew(ctx context.Context) error {
 		return err
 	}
 	l.mu.Lock()
-	l.lease, l.renewed = lease, sent.Time
+	l.lease, l.renewed, l.renewedWall = lease, sent.Time, sent.Time.Round(0)
 	l.mu.Unlock()
 	return nil
 }
@@ -177,9 +200,15 @@ func (l *Lock) renew(ctx context.Context) error {
 // a renewal that Keep gave up waiting for may still be written by the API
 // server after this read: the delete, guarded by the resourceVersion read,
 // then conflicts, and the Lease is read and deleted again.
+// From its first moment the lock counts as not held: another run may take
+// the Lease as soon as it is gone, so no write may follow (Held, Fence),
+// however recent the last renewal.
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	key := client.ObjectKeyFromObject(l.lease)
+	if l.lost == nil {
+		l.lost = fmt.Errorf("released the lock on %s", key.Name)
+	}
 	l.mu.Unlock()
 	for attempt := 1; ; attempt++ {
 		fresh := &coordinationv1.Lease{}

@@ -2,6 +2,7 @@ package runlock
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
 
 // acquired is holder's lock on a Lease it has just created.
@@ -126,5 +129,70 @@ func TestRenew(t *testing.T) {
 	}
 	if err := lock.renew(ctx); !apierrors.IsConflict(err) {
 		t.Errorf("renew of a Lease another run holds: %v, want a conflict", err)
+	}
+}
+
+// TestSuspendedProcessStopsWriting: while a laptop sleeps, Go's monotonic
+// clock stands still on Linux and the wall clock goes on. A lock renewed 3 s
+// before the lid closed, woken 20 s later, has been unrenewed long enough for
+// another run to take its Lease over: it must not count as held. The jump is
+// made as a suspend makes it: the wall reading of the last renewal moves 20 s
+// into the past, the monotonic one stays.
+func TestSuspendedProcessStopsWriting(t *testing.T) {
+	ctx := context.Background()
+	lock := acquired(t, ctx, fake.NewClientBuilder().Build(), "ops@laptop/pid-7")
+	if err := lock.Held(); err != nil {
+		t.Fatalf("just acquired: %v", err)
+	}
+	lock.mu.Lock()
+	lock.renewedWall = lock.renewedWall.Add(-(LeaseDuration + 5*time.Second))
+	lock.mu.Unlock()
+	err := lock.Held()
+	if exitcode.Of(err) != exitcode.Locked {
+		t.Fatalf("after 20 s of suspend: Held() = %v, want refused with exit 5", err)
+	}
+	if !strings.Contains(err.Error(), "last renewed 20s ago") {
+		t.Errorf("Held() = %q, want it to say how long ago by the wall clock", err)
+	}
+	if left := time.Until(lock.deadline()); left > 0 {
+		t.Errorf("a renewal after the suspend may still take %s; want none", left)
+	}
+}
+
+// TestReleasedLockIsNotHeld: once Release begins, another run may take the
+// Lease at once, so no write may pass the fence any more, however recent the
+// last renewal was.
+func TestReleasedLockIsNotHeld(t *testing.T) {
+	ctx := context.Background()
+	lock := acquired(t, ctx, fake.NewClientBuilder().Build(), "ops@bastion/pid-7")
+	if err := lock.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := lock.Held(); exitcode.Of(err) != exitcode.Locked || !strings.Contains(err.Error(), "released") {
+		t.Errorf("Held() after Release = %v, want refused with exit 5 saying it was released", err)
+	}
+}
+
+// TestLeaseDurationIsBounded: a Lease's claimed duration is believed only
+// within [LeaseDuration, MaxLeaseDuration]: zero or negative would hand a
+// live holder's lock over at the first look, a huge one would lock the
+// cluster out for good.
+func TestLeaseDurationIsBounded(t *testing.T) {
+	for _, tc := range []struct {
+		seconds *int32
+		want    time.Duration
+	}{
+		{nil, LeaseDuration},
+		{ptr.To(int32(-5)), LeaseDuration},
+		{ptr.To(int32(0)), LeaseDuration},
+		{ptr.To(int32(1)), LeaseDuration},
+		{ptr.To(int32(15)), LeaseDuration},
+		{ptr.To(int32(40)), 40 * time.Second},
+		{ptr.To(int32(2147483647)), MaxLeaseDuration},
+	} {
+		l := &coordinationv1.Lease{Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: tc.seconds}}
+		if got := DurationOf(l); got != tc.want {
+			t.Errorf("leaseDurationSeconds %v: DurationOf = %s, want %s", ptr.Deref(tc.seconds, -1), got, tc.want)
+		}
 	}
 }
