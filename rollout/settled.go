@@ -118,21 +118,44 @@ var kcpHealthy = map[string]metav1.ConditionStatus{
 	controlplanev1.KubeadmControlPlaneDeletingCondition:                      metav1.ConditionFalse,
 }
 
-// awaitSettled waits, after the hand-back, until KCP has reconciled and
-// agrees the rollout is done (Unsettled) and has done what it does in that
-// reconcile: retag kube-proxy, and move CoreDNS to the image its spec names
-// (a new tag comes with an upgrade) until the new pods replace the old. It
-// reports what it still waits for.
-// KCP creating or deleting a machine meanwhile means it found a rollout of
-// its own to do: that ends the wait at once. Either failure is exit 4; the
-// hand-back itself stands.
+// awaitSettled waits, after the hand-back, first until KCP has reconciled
+// and agrees the rollout is done (Unsettled): that is what makes the run a
+// success. It expires after limit, and KCP creating or deleting a machine
+// meanwhile (it found a rollout of its own to do) ends it at once: either is
+// exit 4, the hand-back itself standing. Then, in the same step, it waits for
+// what KCP does in the reconcile that settles: retag kube-proxy, and move
+// CoreDNS to the image its spec names (a new tag comes with an upgrade) until
+// the new pods replace the old. KCP itself waits for neither, and a cluster
+// whose Deployment controller lags or is missing never finishes CoreDNS's
+// rollout, so that wait has a bound of its own (Timeouts.Addons) and its
+// expiry ends the run done, with a warning that names the add-on, what it
+// still waits for and what to look at.
 func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit time.Duration) (err error) {
 	st := e.begin(AwaitKCP, "", fmt.Sprintf("waiting up to %s for KCP to take over and agree the rollout is done", limit))
 	defer st.end(&err)
-	var version string
+	kcp, err := e.awaitKCPAgrees(ctx, st, handedBack, limit)
+	if err != nil {
+		return err
+	}
+	settled := fmt.Sprintf("KCP reports every machine at %s and up to date", kcp.Spec.Version)
+	warning, err := e.awaitAddons(ctx, st, kcp, settled, e.Timeouts.addons())
+	switch {
+	case err != nil:
+		return err
+	case warning != "":
+		st.done(settled + "; the rollout is done, but " + warning)
+	default:
+		st.done(settled + ", and kube-proxy and CoreDNS follow")
+	}
+	return nil
+}
+
+// awaitKCPAgrees is awaitSettled's first wait, the gate of a successful run:
+// until KCP has reconciled and agrees the rollout is done (Unsettled), up to
+// limit. It returns the KCP as last read live.
+func (e *Engine) awaitKCPAgrees(ctx context.Context, st *step, handedBack []string, limit time.Duration) (*controlplanev1.KubeadmControlPlane, error) {
 	var last *controlplanev1.KubeadmControlPlane
-	var refused *workload.CoreDNSRefusedError
-	err = e.pollUntil(ctx, st, limit, func(live bool) ([]string, error) {
+	err := e.pollUntil(ctx, st, limit, func(live bool) ([]string, error) {
 		cp, err := e.readControlPlane(ctx, live)
 		if err == nil {
 			last = cp.KCP
@@ -156,34 +179,21 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit ti
 				return nil, exitcode.Timeoutf("KCP deleted machine %s after the hand-back: it found a rollout of its own to do", n)
 			}
 		}
-		if unsettled := Unsettled(cp); len(unsettled) > 0 {
-			// A move of CoreDNS KCP refuses fails every reconcile of KCP's
-			// before it writes its observedGeneration: once that is all KCP
-			// lacks, the rollout is done, and the add-on's trouble is said
-			// as a warning.
-			if onlyGenerationUnobserved(cp) {
-				if _, err := e.Workload.CoreDNSBehind(ctx, cp.KCP); errors.As(err, &refused) {
-					return nil, nil
-				}
-			}
-			return unsettled, nil
-		}
-		version = cp.KCP.Spec.Version
-		switch behind, err := e.Workload.KubeProxyBehind(ctx, cp.KCP); {
-		case err != nil:
-			return []string{"cannot read kube-proxy: " + err.Error()}, nil
-		case behind != "":
-			return []string{behind}, nil
-		}
-		switch behind, err := e.Workload.CoreDNSBehind(ctx, cp.KCP); {
-		case errors.As(err, &refused):
+		unsettled := Unsettled(cp)
+		if len(unsettled) == 0 {
 			return nil, nil
-		case err != nil:
-			return []string{"cannot read CoreDNS: " + err.Error()}, nil
-		case behind != "":
-			return []string{behind}, nil
 		}
-		return nil, nil
+		// A move of CoreDNS KCP refuses fails every reconcile of KCP's
+		// before it writes its observedGeneration: once that is all KCP
+		// lacks, the rollout is done, and the add-on's trouble is said
+		// as a warning (awaitAddons).
+		var refused *workload.CoreDNSRefusedError
+		if onlyGenerationUnobserved(cp) {
+			if _, err := e.Workload.CoreDNSBehind(ctx, cp.KCP); errors.As(err, &refused) {
+				return nil, nil
+			}
+		}
+		return unsettled, nil
 	}, func(unsettled []string) error {
 		// What the tool saw (a generation not observed) is KCP failing its
 		// reconcile; why is in KCP's own conditions.
@@ -193,29 +203,117 @@ func (e *Engine) awaitSettled(ctx context.Context, handedBack []string, limit ti
 		}
 		return exitcode.Timeoutf("KCP did not settle within --handback-timeout %s after the hand-back: %s", limit, strings.Join(unsettled, "; "))
 	})
-	if err != nil {
-		return err
+	return last, err
+}
+
+// addon is one add-on that has not followed KCP yet.
+type addon struct {
+	// name names the add-on, what says what it still waits for, and check
+	// where a person looks next.
+	name, what, check string
+}
+
+// addonsBehind reads what kube-proxy and CoreDNS still lack of what kcp
+// makes of them (Workload.KubeProxyBehind, CoreDNSBehind), live; a read that
+// fails is something to wait for too. refused is a move of CoreDNS KCP
+// refuses: nothing to wait for, and a warning.
+func (e *Engine) addonsBehind(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) (behind []addon, refused *workload.CoreDNSRefusedError) {
+	kubeProxy := addon{name: "kube-proxy", check: fmt.Sprintf("`kubectl -n kube-system get daemonset kube-proxy -o wide` on the workload cluster and KCP's Events (`kubectl -n %s describe kubeadmcontrolplane %s`)",
+		e.ControlPlane.Key().Namespace, kcp.Name)}
+	switch what, err := e.Workload.KubeProxyBehind(ctx, kcp); {
+	case err != nil:
+		kubeProxy.what = "cannot read kube-proxy: " + err.Error()
+		behind = append(behind, kubeProxy)
+	case what != "":
+		kubeProxy.what = what
+		behind = append(behind, kubeProxy)
+	}
+	coreDNS := addon{name: "CoreDNS", check: "`kubectl -n kube-system rollout status deployment/coredns` on the workload cluster"}
+	switch what, err := e.Workload.CoreDNSBehind(ctx, kcp); {
+	case errors.As(err, &refused):
+	case err != nil:
+		coreDNS.what = "cannot read CoreDNS: " + err.Error()
+		behind = append(behind, coreDNS)
+	case what != "":
+		coreDNS.what = what
+		behind = append(behind, coreDNS)
+	}
+	return behind, refused
+}
+
+// errAddonsLate ends awaitAddons' wait at its limit; it never leaves it.
+var errAddonsLate = errors.New("the add-ons did not follow in time")
+
+// awaitAddons is awaitSettled's second wait: until kube-proxy and CoreDNS
+// follow what kcp, settled, makes of them (addonsBehind), up to limit. It
+// returns what the run's end warns of, "" when both follow: the add-ons still
+// behind at limit, each with what it waits for and what to check, and a move
+// of CoreDNS KCP refuses. Only ctx's end is an error: KCP has agreed the
+// rollout is done, and KCP waits for neither add-on itself.
+func (e *Engine) awaitAddons(ctx context.Context, st *step, kcp *controlplanev1.KubeadmControlPlane, settled string, limit time.Duration) (string, error) {
+	var behind []addon
+	var refused *workload.CoreDNSRefusedError
+	told := false
+	err := e.pollUntil(ctx, st, limit, func(bool) ([]string, error) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		behind, refused = e.addonsBehind(ctx, kcp)
+		if len(behind) > 0 && !told {
+			told = true
+			st.waiting(fmt.Sprintf("%s; waiting up to %s for kube-proxy and CoreDNS to follow", settled, limit))
+		}
+		var left []string
+		for _, a := range behind {
+			left = append(left, a.what)
+		}
+		return left, nil
+	}, func([]string) error { return errAddonsLate })
+	var warnings []string
+	switch {
+	case errors.Is(err, errAddonsLate):
+		warnings = append(warnings, addonsLate(behind, limit))
+	case err != nil:
+		return "", err
 	}
 	if refused != nil {
-		st.done("the rollout is done, but " + refused.Error())
-		return nil
+		warnings = append(warnings, refused.Error())
 	}
-	st.done(fmt.Sprintf("KCP reports every machine at %s and up to date, and kube-proxy and CoreDNS follow", version))
-	return nil
+	return strings.Join(warnings, "; and "), nil
+}
+
+// addonsLate is the warning for the add-ons still behind after limit.
+func addonsLate(behind []addon, limit time.Duration) string {
+	var names, what, check []string
+	for _, a := range behind {
+		names, what, check = append(names, a.name), append(what, a.what), append(check, a.check)
+	}
+	have := "has"
+	if len(names) > 1 {
+		have = "have"
+	}
+	return fmt.Sprintf("%s %s not followed within %s: %s; check %s", strings.Join(names, " and "), have, limit,
+		strings.Join(what, "; "), strings.Join(check, ", and "))
 }
 
 // pollUntil reads with check, again at each change (or every etcdPoll),
 // until check finds nothing left to wait for, reporting on st each time
 // what it waits for first changes. After limit, expired turns what is still
 // left into the error that ends the wait; an error from check ends it at
-// once. check reads the watches' caches, or live when asked: every answer
-// that ends the wait, done or failed, is checked live first.
+// once. check reads the watches' caches, or live when asked: live at least
+// every pollLiveEvery, so that a watch gone silent delays the wait by no more
+// than that, and every answer that ends the wait, done or failed, is checked
+// live first.
 func (e *Engine) pollUntil(ctx context.Context, st *step, limit time.Duration, check func(live bool) ([]string, error), expired func(left []string) error) error {
 	var awaited string
-	began := time.Now()
+	began, lastLive := time.Now(), time.Now()
 	for {
-		left, err := check(e.Cache == nil)
-		if e.Cache != nil && (err != nil || len(left) == 0) {
+		live := e.Cache == nil || time.Since(lastLive) > pollLiveEvery
+		if live {
+			lastLive = time.Now()
+		}
+		left, err := check(live)
+		if !live && (err != nil || len(left) == 0) {
 			left, err = check(true)
 		}
 		if err != nil {

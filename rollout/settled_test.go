@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -120,6 +121,88 @@ func TestAwaitSettledWaitsForCoreDNS(t *testing.T) {
 	}
 	if !ev.find("await-kcp", progress.Waiting, "CoreDNS rolling out") || !ev.find("await-kcp", progress.Done, "CoreDNS follow") {
 		t.Errorf("events do not show the wait for CoreDNS, then the agreement")
+	}
+}
+
+// TestAwaitSettledWarnsOfAddOnsThatDoNotFollow: KCP agrees the rollout is
+// done, but CoreDNS never rolls out (a workload cluster whose Deployment
+// controller never observes the Deployment, as on Cluster API's in-memory
+// backend), and then kube-proxy is not retagged either: KCP waits for
+// neither, so the run does not fail over them. After the add-ons' own bound
+// (not --handback-timeout) it ends done, warning of each add-on behind, what
+// it still waits for and what to check, with KCP's agreement said first.
+func TestAwaitSettledWarnsOfAddOnsThatDoNotFollow(t *testing.T) {
+	const addons = time.Second
+	for _, tc := range []struct {
+		name      string
+		kubeProxy bool
+		want      []string
+	}{
+		{name: "CoreDNS", want: []string{
+			"KCP reports every machine at v1.36.3 and up to date; the rollout is done, but CoreDNS has not followed within 1s",
+			"CoreDNS Deployment: generation 2 not yet observed by its controller",
+			"check `kubectl -n kube-system rollout status deployment/coredns` on the workload cluster"}},
+		{name: "kube-proxy and CoreDNS", kubeProxy: true, want: []string{
+			"kube-proxy and CoreDNS have not followed within 1s",
+			"kube-proxy runs registry.k8s.io/kube-proxy:v1.35.2",
+			"`kubectl -n kube-system get daemonset kube-proxy -o wide` on the workload cluster",
+			"rollout status deployment/coredns"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := settledWorld()
+			f.coreDNSBehind, f.coreDNSReads = "CoreDNS Deployment: generation 2 not yet observed by its controller", -1
+			if tc.kubeProxy {
+				f.kubeProxyBehind, f.kubeProxyReads = "kube-proxy runs registry.k8s.io/kube-proxy:v1.35.2", -1
+			}
+			e, ev := engineFor(f, Timeouts{Handback: 20 * time.Second, Addons: addons})
+			began := time.Now()
+			if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names(), e.Timeouts.Handback); err != nil {
+				t.Fatalf("awaitSettled: %v (exit %d); want the run done with a warning", err, exitcode.Of(err))
+			}
+			if took := time.Since(began); took > addons+time.Second {
+				t.Errorf("waited %s for add-ons bounded at %s", took.Round(100*time.Millisecond), addons)
+			}
+			if !ev.find("await-kcp", progress.Waiting, "KCP reports every machine at v1.36.3 and up to date; waiting up to 1s for kube-proxy and CoreDNS to follow") {
+				t.Errorf("no event says KCP agreed and the add-ons are awaited")
+			}
+			done := ev.of("await-kcp", progress.Done)
+			if len(done) != 1 {
+				t.Fatalf("await-kcp done events: %v; want one", done)
+			}
+			t.Log(done[0].Message)
+			for _, w := range tc.want {
+				if !strings.Contains(done[0].Message, w) {
+					t.Errorf("done: %q\nwant it to say %q", done[0].Message, w)
+				}
+			}
+			if !tc.kubeProxy && strings.Contains(done[0].Message, "kube-proxy has") {
+				t.Errorf("done: %q names kube-proxy, which followed", done[0].Message)
+			}
+			ev.paired(t)
+		})
+	}
+}
+
+// TestAwaitSettledReadsLiveWhenTheWatchesStop: the watches' cache of the
+// management cluster stopped before the hand-back (a watch gone silent), so
+// it shows KCP Paused for good; KCP has settled meanwhile. The wait reads
+// live every pollLiveEvery and ends done, not exit 4 at --handback-timeout.
+func TestAwaitSettledReadsLiveWhenTheWatchesStop(t *testing.T) {
+	f := settledWorld()
+	stopped := f.world.clone().CP
+	stopped.KCP = stopped.KCP.DeepCopy()
+	conditions.Set(stopped.KCP, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionTrue, Reason: clusterv1.PausedReason})
+	e, ev := engineFor(f, Timeouts{Handback: 10 * time.Second})
+	e.Cache = &Cache{ControlPlane: readFunc(func(context.Context) (*kcpstate.ControlPlane, error) { return stopped, nil }), Workload: f}
+	began := time.Now()
+	if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names(), e.Timeouts.Handback); err != nil {
+		t.Fatalf("awaitSettled: %v", err)
+	}
+	if took := time.Since(began); took > pollLiveEvery+2*time.Second {
+		t.Errorf("waited %s for a KCP settled all along; want at most %s", took.Round(100*time.Millisecond), pollLiveEvery+2*time.Second)
+	}
+	if !ev.find("await-kcp", progress.Waiting, "still reports Paused") || !ev.find("await-kcp", progress.Done, "up to date") {
+		t.Errorf("events do not show the stopped cache waited on, then KCP's agreement read live")
 	}
 }
 

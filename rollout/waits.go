@@ -27,6 +27,10 @@ type Timeouts struct {
 	// Handback bounds the wait after the hand-back until KCP has reconciled
 	// and agrees the rollout is done (Unsettled); 0 does not wait.
 	Handback time.Duration
+	// Addons bounds the wait after that until kube-proxy and CoreDNS follow
+	// (addonsBehind); its expiry is a warning, never a failure. It has no
+	// flag, and 0 means addonsLimit.
+	Addons time.Duration
 	// Workers, on a topology cluster, bounds the wait after that until the
 	// topology controller has upgraded every worker (WorkersBehind); 0 does
 	// not wait.
@@ -44,6 +48,16 @@ type Timeouts struct {
 // DefaultTimeouts are the flags' defaults.
 var DefaultTimeouts = Timeouts{Provision: 20 * time.Minute, Health: 10 * time.Minute, Delete: 20 * time.Minute, Recovery: UnhealthyGrace, Handback: 2 * time.Minute,
 	Pause: 2 * time.Minute, Topology: 2 * time.Minute}
+
+// addonsLimit is Addons when unset. After KCP has settled, kube-proxy
+// follows at once (KCP retags its DaemonSet in the reconcile that settles),
+// and CoreDNS as fast as its Deployment rolls: two replicas, one at a time,
+// each an image pull and a readiness probe, well under a minute on a healthy
+// cluster. Two minutes leave room for a slow registry; a CoreDNS slower than
+// that is worth a warning to look at, not a run held longer, since the
+// rollout itself is done either way. No flag: a wait that cannot fail the
+// run gives nobody a reason to tune it, and --no-wait skips it.
+const addonsLimit = 2 * time.Minute
 
 // UnhealthyGrace is the default Recovery: long enough for a failed probe, a
 // restarting static pod or a member that lost its peers while a node rebooted
@@ -70,6 +84,13 @@ func (t Timeouts) pause() time.Duration {
 	return DefaultTimeouts.Pause
 }
 
+func (t Timeouts) addons() time.Duration {
+	if t.Addons > 0 {
+		return t.Addons
+	}
+	return addonsLimit
+}
+
 func (t Timeouts) topology() time.Duration {
 	if t.Topology > 0 {
 		return t.Topology
@@ -86,6 +107,13 @@ const etcdPoll = time.Second
 // difference it sees should not depend on that: a cache that stopped would
 // otherwise keep it waiting until its limit.
 const liveEvery = 30 * time.Second
+
+// pollLiveEvery is liveEvery for the waits after the hand-back (pollUntil),
+// which read the caches as well: they last seconds, not the minutes a machine
+// may take, so a live read every few seconds costs a few requests, and a
+// cache that stopped (a watch that went silent) delays the run's end by no
+// more than that, where it used to fail it with exit 4 at --handback-timeout.
+const pollLiveEvery = 5 * time.Second
 
 // waitKind is what a wait is for; it decides the wait's limit and what its
 // expiry says.

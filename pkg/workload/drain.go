@@ -25,7 +25,8 @@ import (
 // own drain finds nothing left to evict. That drain evicts, then looks again
 // only 20 seconds later (drainRetryInterval in the Machine controller), even
 // when the pods were gone in a moment; here each pod's end is seen as it
-// happens, through a watch.
+// happens, through a watch, and within drainRelist when the watch does not
+// tell it.
 //
 // It is a head start, never a replacement: it evicts a strict subset of what
 // Cluster API's drain evicts, through the same Eviction API (so
@@ -87,11 +88,21 @@ func (c *Client) Drain(ctx context.Context, node string, limit time.Duration) (D
 	return d, nil
 }
 
+// drainRelist is how often the drain lists the node's pods again while it
+// waits, beside the watch. A watch alone is trusted to report every change,
+// and one that stays silent — a proxy that drops or holds watch events, an
+// API server that serves watches poorly (Cluster API's in-memory backend) —
+// kept the drain waiting out its whole limit for pods long gone. A list of
+// one node's pods is cheap; every two seconds it bounds what a silent watch
+// costs without adding much to a drain that takes seconds.
+const drainRelist = 2 * time.Second
+
 // evictUntilEmpty lists the pods of the cordoned node, evicts each evictable
 // one once, and follows the rest through a watch from that list, as kubectl's
-// waits do, until none is left or limit passes. The list is taken after the
-// cordon, so it also finds a pod scheduled before the cordon took; the watch
-// finds one that lands later. It returns the pods still on the node, as
+// waits do, and through a list every drainRelist, as informers re-list, until
+// none is left or limit passes. The first list is taken after the cordon, so
+// it also finds a pod scheduled before the cordon took; the watch or a later
+// list finds one that lands later. It returns the pods still on the node, as
 // namespace/name, and records each eviction in d. A failed request ends it:
 // this drain is a head start, and Cluster API's drain does the rest.
 func (c *Client) evictUntilEmpty(ctx context.Context, node string, limit time.Duration, d *Drained) (remaining []string, err error) {
@@ -111,7 +122,7 @@ func (c *Client) evictUntilEmpty(ctx context.Context, node string, limit time.Du
 
 	left := map[types.UID]string{}
 	evicted := map[types.UID]bool{}
-	// see takes in one pod as the list or the watch shows it. Evictions use
+	// see takes in one pod as a list or the watch shows it. Evictions use
 	// ctx, not the wait's: limit bounds the waiting, and a request under
 	// way when it passes is not cut short.
 	see := func(p *corev1.Pod, gone bool) error {
@@ -130,20 +141,51 @@ func (c *Client) evictUntilEmpty(ctx context.Context, node string, limit time.Du
 		d.Evicted = append(d.Evicted, p.Namespace+"/"+p.Name)
 		return nil
 	}
-	names := func() []string { return slices.Sorted(maps.Values(left)) }
-	for i := range list.Items {
-		if err := see(&list.Items[i], false); err != nil {
-			return names(), err
+	// seeAll takes in a list: a pod it lacks is gone, whatever the watch
+	// said or did not say.
+	seeAll := func(list *corev1.PodList) error {
+		listed := map[types.UID]bool{}
+		for i := range list.Items {
+			listed[list.Items[i].UID] = true
+			if err := see(&list.Items[i], false); err != nil {
+				return err
+			}
 		}
+		for uid := range left {
+			if !listed[uid] {
+				delete(left, uid)
+			}
+		}
+		return nil
 	}
+	names := func() []string { return slices.Sorted(maps.Values(left)) }
+	if err := seeAll(list); err != nil {
+		return names(), err
+	}
+	relist := time.NewTicker(drainRelist)
+	defer relist.Stop()
+	events := w.ResultChan()
 	for len(left) > 0 {
 		select {
 		case <-waitCtx.Done():
 			return names(), wait.ErrorInterrupted(waitCtx.Err())
-		case ev, open := <-w.ResultChan():
+		case <-relist.C:
+			list, err := pods.List(waitCtx, metav1.ListOptions{FieldSelector: onNode})
+			switch {
+			case waitCtx.Err() != nil:
+				return names(), wait.ErrorInterrupted(waitCtx.Err())
+			case err != nil:
+				return names(), fmt.Errorf("listing the pods of node %s: %w", node, err)
+			}
+			if err := seeAll(list); err != nil {
+				return names(), err
+			}
+		case ev, open := <-events:
 			switch p, ok := ev.Object.(*corev1.Pod); {
 			case !open:
-				return names(), fmt.Errorf("the watch of node %s's pods ended", node)
+				// The API server may end a watch when it likes; the lists
+				// carry on alone.
+				events = nil
 			case ev.Type == watch.Error:
 				return names(), fmt.Errorf("watching the pods of node %s: %w", node, apierrors.FromObject(ev.Object))
 			case ev.Type == watch.Bookmark:
