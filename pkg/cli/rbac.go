@@ -3,8 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -27,7 +27,9 @@ type RBACOptions struct {
 	// Role is "view" or "operate"; empty prints both.
 	Role string
 	// Users, Groups and ServiceAccounts (NAMESPACE:NAME), when given, are
-	// bound to Role's two roles for Cluster.
+	// bound to Role's two roles for Cluster, each by bindings of its own;
+	// with the operate Role, each is confined to the clusters it is granted
+	// (rbac.Confine).
 	Users, Groups, ServiceAccounts []string
 	Streams                        genericiooptions.IOStreams
 }
@@ -59,12 +61,25 @@ preflight checks, from the same text. Nothing is read from the cluster.
 cp-rollout-view is enough for status; it reads no Secret, so status then shows
 the management cluster's half. plan, --dry-run and every change need
 cp-rollout-operate. With --role and --user, --group or --serviceaccount, the
-bindings for CLUSTER are printed too: a RoleBinding of its Role and a
-ClusterRoleBinding of the ClusterRole, named after the cluster; applying them
-again replaces their subjects, so list every subject at once.`,
+bindings for CLUSTER are printed too: for each subject, a RoleBinding of its
+Role and a ClusterRoleBinding of the ClusterRole, named after the use, the
+cluster and the subject, so that applying them for another subject or
+cluster adds bindings and replaces none.
+
+RBAC cannot confine a create to a name, so cp-rollout-operate-CLUSTER alone
+lets its holder write the Machines, KubeadmControlPlanes, Leases and the rest
+of every cluster in the namespace. With --role operate, each subject's
+ValidatingAdmissionPolicy comes first: the API server then refuses that
+subject's writes to the objects of any cluster whose Role it is not bound to.
+It is one policy per subject, the same for each of its clusters: to take one
+cluster away, delete that cluster's RoleBinding, and keep the policy while the
+subject holds any other. Without a subject none can be printed, and the
+namespace is the unit of isolation; "kubectl auth whoami", run with the
+subject's kubeconfig, shows the user name and groups the API server sees.`,
 		Example: `  kubectl cp-rollout rbac | kubectl apply -f -
   kubectl cp-rollout rbac demo -n capi-prod | kubectl apply -f -
-  kubectl cp-rollout rbac demo -n capi-prod --role view --group sre-oncall | kubectl apply -f -`,
+  kubectl cp-rollout rbac demo -n capi-prod --role view --group sre-oncall | kubectl apply -f -
+  kubectl cp-rollout rbac demo -n capi-prod --role operate --serviceaccount ops:runbook | kubectl apply -f -`,
 		Args:              usageArgs(cobra.MaximumNArgs(1)),
 		ValidArgsFunction: root.completeCluster,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -102,6 +117,11 @@ func (o *RBACOptions) Validate() error {
 	for _, sa := range o.ServiceAccounts {
 		if ns, name, ok := strings.Cut(sa, ":"); !ok || ns == "" || name == "" {
 			return exitcode.Usagef("--serviceaccount must be NAMESPACE:NAME, not %q", sa)
+		}
+	}
+	for _, s := range o.subjects() {
+		if s.Name == "" || !utf8.ValidString(s.Name) {
+			return exitcode.Usagef("--%s %q: not a name the API server could authenticate", strings.ToLower(s.Kind), s.Name)
 		}
 	}
 	return nil
@@ -151,10 +171,9 @@ func (o *RBACOptions) Run(context.Context) error {
 	return err
 }
 
-// bindings are, when subjects are given, a RoleBinding of the cluster's Role
-// and a ClusterRoleBinding of the ClusterRole, both named after the cluster
-// (the ClusterRoleBinding after its namespace too: it has none of its own).
-func (o *RBACOptions) bindings(uses []rbac.Use, namespace string) ([][]byte, error) {
+// subjects are the identities the flags name, users, then groups, then
+// ServiceAccounts, each in the order given.
+func (o *RBACOptions) subjects() []rbacv1.Subject {
 	var subjects []rbacv1.Subject
 	for _, u := range o.Users {
 		subjects = append(subjects, rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: u})
@@ -166,31 +185,63 @@ func (o *RBACOptions) bindings(uses []rbac.Use, namespace string) ([][]byte, err
 		ns, name, _ := strings.Cut(sa, ":")
 		subjects = append(subjects, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: name})
 	}
-	if len(subjects) == 0 {
-		return nil, nil
-	}
+	return subjects
+}
+
+// bindings are, for each subject given, a RoleBinding of the cluster's Role
+// and a ClusterRoleBinding of the ClusterRole, each named after its use,
+// cluster and subject (rbac.Use.BindingName): binding another subject, or
+// the same one to another cluster, adds bindings and replaces none.
+//
+// With the operate use, each subject's confinement comes first: the policy
+// that keeps its writes to the clusters it is granted. Without it, the
+// cluster's Role lets the subject write every cluster of the namespace
+// (deploy/rbac/cp-rollout-confine.yaml); printed first, it is in force
+// before the bindings are, as kubectl apply creates objects in order.
+func (o *RBACOptions) bindings(uses []rbac.Use, namespace string) ([][]byte, error) {
+	subjects := o.subjects()
 	var out [][]byte
+	add := func(obj any) error {
+		raw, err := yaml.Marshal(obj)
+		out = append(out, raw)
+		return err
+	}
 	for _, u := range uses {
-		labels := map[string]string{"app.kubernetes.io/name": "cp-rollout"}
-		for _, binding := range []any{
-			&rbacv1.RoleBinding{
-				TypeMeta:   metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "RoleBinding"},
-				ObjectMeta: metav1.ObjectMeta{Name: u.RoleName(o.Cluster), Namespace: namespace, Labels: labels},
-				RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: u.RoleName(o.Cluster)},
-				Subjects:   subjects,
-			},
-			&rbacv1.ClusterRoleBinding{
-				TypeMeta:   metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "ClusterRoleBinding"},
-				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%s", u.Name, namespace, o.Cluster), Labels: labels},
-				RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: u.Name},
-				Subjects:   subjects,
-			},
-		} {
-			raw, err := yaml.Marshal(binding)
+		if u.Name != rbac.Operate.Name {
+			continue
+		}
+		for _, s := range subjects {
+			confine, err := rbac.Confine(s)
 			if err != nil {
+				return nil, exitcode.Usagef("%v", err)
+			}
+			out = append(out, confine.PolicyYAML)
+			if err := add(confine.Binding); err != nil {
 				return nil, err
 			}
-			out = append(out, raw)
+		}
+	}
+	labels := map[string]string{"app.kubernetes.io/name": "cp-rollout"}
+	for _, u := range uses {
+		for _, s := range subjects {
+			for _, binding := range []any{
+				&rbacv1.RoleBinding{
+					TypeMeta:   metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "RoleBinding"},
+					ObjectMeta: metav1.ObjectMeta{Name: u.BindingName(namespace, o.Cluster, s, false), Namespace: namespace, Labels: labels},
+					RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: u.RoleName(o.Cluster)},
+					Subjects:   []rbacv1.Subject{s},
+				},
+				&rbacv1.ClusterRoleBinding{
+					TypeMeta:   metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "ClusterRoleBinding"},
+					ObjectMeta: metav1.ObjectMeta{Name: u.BindingName(namespace, o.Cluster, s, true), Labels: labels},
+					RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: u.Name},
+					Subjects:   []rbacv1.Subject{s},
+				},
+			} {
+				if err := add(binding); err != nil {
+					return nil, err
+				}
+			}
 		}
 	}
 	return out, nil
