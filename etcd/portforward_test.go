@@ -3,6 +3,7 @@ package etcd_test
 import (
 	"context"
 	"encoding/pem"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -175,5 +177,145 @@ func TestPortForwardToPodWithoutMemberNamesIt(t *testing.T) {
 	// The error names the pod and carries the kubelet's reason.
 	if err == nil || !strings.Contains(err.Error(), "kube-system/etcd-node-x") || !strings.Contains(err.Error(), "nothing listens on port 2379") {
 		t.Fatalf("listing through a pod without etcd: %v", err)
+	}
+}
+
+// stalledAPIServer accepts connections and reads the upgrade request, and never
+// answers it, as a wedged API server (or one behind a stuck load balancer) does; with
+// refuseWebSocket it refuses the WebSocket upgrade at once, so the dialer falls back to
+// SPDY, and stalls that. open counts its connections still open.
+type stalledAPIServer struct {
+	*httptest.Server
+	open, seen atomic.Int32
+}
+
+func newStalledAPIServer(t *testing.T, refuseWebSocket bool) *stalledAPIServer {
+	s := &stalledAPIServer{}
+	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if refuseWebSocket && wsstream.IsWebSocketRequestWithTunnelingProtocol(req) {
+			http.Error(w, "websocket upgrade not supported", http.StatusBadRequest)
+			return
+		}
+		<-req.Context().Done() // until the client goes
+	}))
+	s.Config.ConnState = func(_ net.Conn, state http.ConnState) {
+		switch state {
+		case http.StateNew:
+			s.open.Add(1)
+			s.seen.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			s.open.Add(-1)
+		}
+	}
+	s.StartTLS()
+	t.Cleanup(func() {
+		s.CloseClientConnections()
+		s.Close()
+	})
+	return s
+}
+
+func (s *stalledAPIServer) restConfig() *rest.Config {
+	return &rest.Config{
+		Host:            s.URL,
+		BearerToken:     "admin-token",
+		TLSClientConfig: rest.TLSClientConfig{CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.Certificate().Raw})},
+	}
+}
+
+// settled waits until the stalled server holds no connection and the goroutines are
+// back to at most baseline (plus a little for the runtime's own), and says what
+// remains if they are not.
+func settled(s *stalledAPIServer, baseline int) string {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		open, goroutines := s.open.Load(), runtime.NumGoroutine()
+		if open == 0 && goroutines <= baseline+2 {
+			return ""
+		}
+		if time.Now().After(deadline) {
+			return fmt.Sprintf("%d connections still open on the server, %d goroutines (%d before the dials)", open, goroutines, baseline)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestPortForwardDialToStalledServerLeavesNothing: against an API server that never
+// answers the upgrade, over WebSocket or, after a refused WebSocket, over SPDY, a dial
+// returns when its context ends — by deadline or by cancellation — and leaves neither a
+// goroutine nor a connection behind: the etcd client redials at every reconnect, and
+// each leaked dial would hold a socket on the API server for good.
+func TestPortForwardDialToStalledServerLeavesNothing(t *testing.T) {
+	const dials, bound = 4, 300 * time.Millisecond
+	for _, tc := range []struct {
+		name            string
+		refuseWebSocket bool
+	}{{"websocket", false}, {"spdy after a refused websocket", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			server := newStalledAPIServer(t, tc.refuseWebSocket)
+			dialer, err := etcd.NewPortForwardDialer(server.restConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			node := etcd.Node{Name: "cp-1"}
+			baseline := runtime.NumGoroutine()
+			for i := range dials {
+				ctx, cancel := context.WithTimeout(context.Background(), bound)
+				if i%2 == 1 { // cancelled, with no deadline
+					ctx, cancel = context.WithCancel(context.Background())
+					time.AfterFunc(bound, cancel)
+				}
+				start := time.Now()
+				conn, err := dialer.DialContext(ctx, node)
+				took := time.Since(start)
+				cancel()
+				if err == nil {
+					conn.Close()
+					t.Fatal("a dial to a server that never answers succeeded")
+				}
+				if took > bound+2*time.Second {
+					t.Errorf("dial %d returned after %s, its context ended after %s", i, took, bound)
+				}
+				if !strings.Contains(err.Error(), "port-forward kube-system/etcd-cp-1:2379") {
+					t.Errorf("dial %d: the error does not name the target: %v", i, err)
+				}
+			}
+			if server.seen.Load() < dials {
+				t.Fatalf("the server saw %d connections for %d dials: the test did not reach it", server.seen.Load(), dials)
+			}
+			if left := settled(server, baseline); left != "" {
+				t.Errorf("after %d dials: %s", dials, left)
+			}
+		})
+	}
+}
+
+// TestPortForwardHandshakeTimeout: without a deadline of the caller's, the upgrade is
+// still bounded, by HandshakeTimeout, and the dial says so.
+func TestPortForwardHandshakeTimeout(t *testing.T) {
+	server := newStalledAPIServer(t, false)
+	dialer, err := etcd.NewPortForwardDialer(server.restConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dialer.HandshakeTimeout != etcd.DefaultHandshakeTimeout {
+		t.Errorf("HandshakeTimeout %s, want the default %s", dialer.HandshakeTimeout, etcd.DefaultHandshakeTimeout)
+	}
+	dialer.HandshakeTimeout = 300 * time.Millisecond
+	baseline := runtime.NumGoroutine()
+	start := time.Now()
+	conn, err := dialer.DialContext(context.Background(), etcd.Node{Name: "cp-1"})
+	if err == nil {
+		conn.Close()
+		t.Fatal("a dial to a server that never answers succeeded")
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("dial returned after %s with a handshake timeout of 300ms", took)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no answer to the port-forward upgrade within 300ms") {
+		t.Errorf("error %v: want the handshake timeout named, as a deadline", err)
+	}
+	if left := settled(server, baseline); left != "" {
+		t.Error(left)
 	}
 }

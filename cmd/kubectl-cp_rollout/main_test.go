@@ -173,10 +173,9 @@ func TestKubectlCompletesClusterNames(t *testing.T) {
 // A version left in the environment does not start an upgrade: the command
 // stops, naming the variable, before it reaches for any cluster.
 func TestVersionFromEnvironmentRefusedBeforeAnyCluster(t *testing.T) {
-	// A management cluster that refuses every connection, given as a
-	// connection setting from the environment may be: a command that reaches
-	// for it fails, but not with exit 2.
-	env := []string{"CP_ROLLOUT_SERVER=https://127.0.0.1:1"}
+	// A management cluster that refuses every connection: a command that
+	// reaches for it fails, but not with exit 2.
+	env := []string{kubeconfigFor(t, "https://127.0.0.1:1")}
 	if r := kubectl(t, env, "cp-rollout", "upgrade", "demo", "--version", "v1.36.3"); r.code == 0 || r.code == 2 || !strings.Contains(r.log, "127.0.0.1:1") {
 		t.Fatalf("with --version: exit %d, stderr %q; want a failure to connect", r.code, r.log)
 	}

@@ -16,14 +16,15 @@ package audit
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	recordutil "k8s.io/client-go/tools/record/util"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
@@ -124,8 +125,7 @@ func (t *Trail) event(e progress.Event) *eventsv1.Event {
 		note = note[:1021] + "..."
 	}
 	ev := &eventsv1.Event{
-		ObjectMeta: metav1.ObjectMeta{Namespace: t.kcp.Namespace,
-			Name: fmt.Sprintf("%s.%x", t.kcp.Name, now.UnixNano())},
+		ObjectMeta:          metav1.ObjectMeta{Namespace: t.kcp.Namespace, Name: eventName(t.kcp.Name, now)},
 		EventTime:           metav1.NewMicroTime(now),
 		ReportingController: Controller,
 		ReportingInstance:   limit(t.instance, 128),
@@ -155,8 +155,7 @@ func (t *Trail) Warn(action, reason, note string, regarding ...client.Object) {
 			continue
 		}
 		ev := &eventsv1.Event{
-			ObjectMeta: metav1.ObjectMeta{Namespace: obj.GetNamespace(),
-				Name: fmt.Sprintf("%s.%x", obj.GetName(), now.UnixNano())},
+			ObjectMeta:          metav1.ObjectMeta{Namespace: obj.GetNamespace(), Name: eventName(obj.GetName(), now)},
 			EventTime:           metav1.NewMicroTime(now),
 			ReportingController: Controller,
 			ReportingInstance:   limit(t.instance, 128),
@@ -170,6 +169,27 @@ func (t *Trail) Warn(action, reason, note string, regarding ...client.Object) {
 		select {
 		case t.events <- ev:
 		default:
+		}
+	}
+}
+
+// lastStamp is the latest time, in Unix nanoseconds, that named an Event
+// this process wrote.
+var lastStamp atomic.Int64
+
+// eventName names an Event about the object named object, at: client-go's
+// event recorders' name, <object>.<nanoseconds in hex>, or a UUID where that
+// is no valid name (tools/record/util.GenerateEventName). Two Events in one
+// nanosecond would share it — a warning on a Cluster and on its
+// KubeadmControlPlane named alike, two steps reported with one time — and
+// the second create would fail, dropping it: so each name takes a
+// nanosecond later than every one before it in this process.
+func eventName(object string, at time.Time) string {
+	for {
+		last := lastStamp.Load()
+		stamp := max(at.UnixNano(), last+1)
+		if lastStamp.CompareAndSwap(last, stamp) {
+			return recordutil.GenerateEventName(object, stamp)
 		}
 	}
 }

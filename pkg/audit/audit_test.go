@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -130,5 +131,85 @@ func TestWarnOnTheClusterAndTheKCP(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("events regarding\n %s\nwant\n %s", strings.Join(got, "\n "), strings.Join(want, "\n "))
+	}
+}
+
+// TestEventNamesDoNotCollide, on a real API server, which refuses a second
+// Event of the same name (and the trail drops it): a Cluster and its
+// KubeadmControlPlane may share a name, and both get the warning; two steps
+// reported with the same time both get their Event; an object whose name is
+// too long to carry the time still gets one, named as client-go names it
+// then.
+func TestEventNamesDoNotCollide(t *testing.T) {
+	cfg := apiservertest.Start(t)
+	c, err := client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("a", 250)
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "demo", UID: "cluster-uid"}}
+	kcp := &controlplanev1.KubeadmControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "demo", UID: "kcp-uid"}}
+	longKCP := &controlplanev1.KubeadmControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: long, UID: "long-uid"}}
+
+	trail := New(c, kcp, "ops@bastion/pid-42")
+	trail.Warn("stay-paused", "PausedAfterFailure", "upgrade failed (exit 3)", cluster, kcp, longKCP)
+	r := trail.Reporter(&discard{})
+	at := time.Now()
+	r.Report(progress.Event{Time: at, Action: "create", Machine: "demo-abcde", Phase: progress.Done, Message: "created"})
+	r.Report(progress.Event{Time: at, Action: "refuse", Machine: "demo-abcde", Phase: progress.Failed, Message: "etcd member x is not healthy"})
+	trail.Close()
+
+	var list eventsv1.EventList
+	if err := c.List(context.Background(), &list, client.InNamespace("default")); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ev := range list.Items {
+		got = append(got, ev.Regarding.Kind+"/"+ev.Regarding.Name+" "+ev.Reason)
+		if ev.Regarding.Name == "demo" && !strings.HasPrefix(ev.Name, "demo.") {
+			t.Errorf("event %s about %s: want client-go's name, <object>.<time>", ev.Name, ev.Regarding.Name)
+		}
+	}
+	slices.Sort(got)
+	want := []string{
+		"Cluster/demo PausedAfterFailure",
+		"KubeadmControlPlane/" + long + " PausedAfterFailure",
+		"KubeadmControlPlane/demo Create",
+		"KubeadmControlPlane/demo PausedAfterFailure",
+		"KubeadmControlPlane/demo Refused",
+	}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("events:\n got %s\nwant %s", strings.Join(got, "\n     "), strings.Join(want, "\n     "))
+	}
+}
+
+// TestEventNameIsLaterEachTime: names taken at one instant, from one trail or
+// several, all differ, and keep client-go's form.
+func TestEventNameIsLaterEachTime(t *testing.T) {
+	at := time.Now()
+	seen := map[string]bool{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 250 {
+				name := eventName("demo", at)
+				mu.Lock()
+				seen[name] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(seen) != 1000 {
+		t.Errorf("%d distinct names for 1000 Events", len(seen))
+	}
+	for name := range seen {
+		if !strings.HasPrefix(name, "demo.") {
+			t.Fatalf("name %s is not <object>.<time>", name)
+		}
 	}
 }

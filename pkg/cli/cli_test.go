@@ -216,17 +216,17 @@ func TestCompletionScripts(t *testing.T) {
 // and for each verb's own flags alike.
 func TestConfigPrecedence(t *testing.T) {
 	cases := []struct {
-		name          string
-		file, env     string
-		args          []string
-		wantNamespace string
-		wantJSON      bool
+		name        string
+		file, env   string
+		args        []string
+		wantContext string
+		wantJSON    bool
 	}{
-		{name: "defaults", wantNamespace: ""},
-		{name: "file", file: "namespace: from-file\noutput: json\n", wantNamespace: "from-file", wantJSON: true},
-		{name: "env beats file", file: "namespace: from-file\n", env: "from-env", wantNamespace: "from-env"},
-		{name: "flag beats env and file", file: "namespace: from-file\n", env: "from-env",
-			args: []string{"-n", "from-flag"}, wantNamespace: "from-flag"},
+		{name: "defaults", wantContext: ""},
+		{name: "file", file: "context: from-file\noutput: json\n", wantContext: "from-file", wantJSON: true},
+		{name: "env beats file", file: "context: from-file\n", env: "from-env", wantContext: "from-env"},
+		{name: "flag beats env and file", file: "context: from-file\n", env: "from-env",
+			args: []string{"--context", "from-flag"}, wantContext: "from-flag"},
 		{name: "flag beats file for a verb flag", file: "output: json\n", args: []string{"-o", "text"}},
 	}
 	for _, tc := range cases {
@@ -236,14 +236,14 @@ func TestConfigPrecedence(t *testing.T) {
 				writeConfig(t, path, tc.file)
 			}
 			if tc.env != "" {
-				t.Setenv("CP_ROLLOUT_NAMESPACE", tc.env)
+				t.Setenv("CP_ROLLOUT_CONTEXT", tc.env)
 			}
 			r := run(t, append([]string{"version"}, tc.args...)...)
 			if r.err != nil {
 				t.Fatal(r.err)
 			}
-			if got := r.opts.ConfigFlags.Namespace(); got != tc.wantNamespace {
-				t.Errorf("namespace %q, want %q", got, tc.wantNamespace)
+			if got := r.opts.ConfigFlags.overrides.CurrentContext; got != tc.wantContext {
+				t.Errorf("context %q, want %q", got, tc.wantContext)
 			}
 			if got := json.Valid([]byte(r.out)); got != tc.wantJSON {
 				t.Errorf("JSON output %v, want %v: %q", got, tc.wantJSON, r.out)
@@ -272,13 +272,13 @@ func TestBadConfigIsUsageError(t *testing.T) {
 		env        map[string]string
 		want       []string
 	}{
-		{name: "malformed yaml", body: "namespace: a\n\toutput: json\n", want: []string{"config.yaml", "line 2", "tab character"}},
-		{name: "bad indentation", body: "namespace: a\n  output: json\n", want: []string{"config.yaml", "line 2"}},
-		{name: "unknown key", body: "namespace: a\nnamspace: b\n", want: []string{"config.yaml", "line 2", `unknown key "namspace"`}},
-		{name: "not a mapping", body: "- namespace\n", want: []string{"config.yaml", "line 1", "mapping"}},
-		{name: "bad value in file", body: "insecure-skip-tls-verify: perhaps\n", want: []string{"config file", "insecure-skip-tls-verify"}},
-		{name: "bad value in env", env: map[string]string{"CP_ROLLOUT_INSECURE_SKIP_TLS_VERIFY": "perhaps"},
-			want: []string{"environment variable CP_ROLLOUT_INSECURE_SKIP_TLS_VERIFY"}},
+		{name: "malformed yaml", body: "context: a\n\toutput: json\n", want: []string{"config.yaml", "line 2", "tab character"}},
+		{name: "bad indentation", body: "context: a\n  output: json\n", want: []string{"config.yaml", "line 2"}},
+		{name: "unknown key", body: "context: a\ncontxt: b\n", want: []string{"config.yaml", "line 2", `unknown key "contxt"`}},
+		{name: "not a mapping", body: "- context\n", want: []string{"config.yaml", "line 1", "mapping"}},
+		{name: "bad value in file", body: "disable-compression: perhaps\n", want: []string{"config file", "disable-compression"}},
+		{name: "bad value in env", env: map[string]string{"CP_ROLLOUT_DISABLE_COMPRESSION": "perhaps"},
+			want: []string{"environment variable CP_ROLLOUT_DISABLE_COMPRESSION"}},
 		{name: "missing explicit file", env: map[string]string{"CP_ROLLOUT_CONFIG": "/nonexistent/cp.yaml"},
 			want: []string{"/nonexistent/cp.yaml", "no such file"}},
 	}

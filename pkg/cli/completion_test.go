@@ -167,9 +167,9 @@ func TestCompletionOffersClusters(t *testing.T) {
 	if n := api.requests.Load() - before; n != 0 {
 		t.Errorf("completing where no CLUSTER goes made %d requests", n)
 	}
-	writeConfig(t, config, "namespace: staging\n")
+	writeConfig(t, config, "context: staging\n")
 	if got := complete(t, "upgrade", ""); !slices.Equal(got, []string{"stage-1"}) {
-		t.Errorf("upgrade <TAB> with namespace: staging in the config file: %q, want [stage-1]", got)
+		t.Errorf("upgrade <TAB> with context: staging in the config file: %q, want [stage-1]", got)
 	}
 }
 

@@ -39,23 +39,28 @@ func envName(flag string) string {
 }
 
 // configurable lists the only flags that the environment and the config file
-// may set: how to reach the management cluster, how output looks, and how long
-// waits may take. They are a person's or a site's settings, the same whatever
-// is being rolled. Every other flag says what is acted on or how (--version,
-// --replicas, -A, -l, --force, --yes, --parallel, --dry-run, --max-surge …):
+// may set: which kubeconfig and which of its contexts, how output looks, and
+// how long waits and requests may take. They are a person's or a site's
+// settings, the same whatever is being rolled. Every other flag says what is
+// acted on, as whom, or how (--version, --replicas, -A, -l, -n, --as,
+// --token, --server, --force, --yes, --parallel, --dry-run, --max-surge …):
 // those must be on the command line a person typed or a runbook wrote, where
 // they are read before the command runs. A stray CP_ROLLOUT_VERSION in a
-// shell, or "all-namespaces: true" left in a file, would otherwise start an
-// upgrade that the command line does not ask for, or widen one to every
-// cluster. A flag added later is refused here until it is listed.
+// shell, a CP_ROLLOUT_NAMESPACE=prod left from yesterday, or
+// "all-namespaces: true" left in a file, would otherwise start an upgrade
+// that the command line does not ask for, turn "upgrade demo" into prod/demo,
+// or widen one to every cluster. A flag added later is refused here until it
+// is listed.
 var configurable = map[string]bool{
-	// kubectl's connection flags (kubeconfigFlags).
-	"kubeconfig": true, "context": true, "cluster": true, "user": true, "namespace": true,
-	"server": true, "tls-server-name": true, "certificate-authority": true, "client-certificate": true,
-	"client-key": true, "token": true, "username": true, "password": true, "insecure-skip-tls-verify": true,
-	"as": true, "as-group": true, "as-uid": true, "disable-compression": true, "request-timeout": true,
-	// How etcd is reached is a property of the site's network, like the
-	// server's address.
+	// The kubeconfig and its context, as kubectl takes KUBECONFIG from the
+	// environment: the kubeconfig, which a person chose and can read, names
+	// the cluster, the namespace and the identity.
+	"kubeconfig": true, "context": true,
+	// How requests are made, never where to or as whom.
+	"disable-compression": true, "request-timeout": true,
+	// How etcd is reached is a property of the site's network. It does not
+	// choose whose etcd answers: every member is verified against the
+	// cluster's own etcd CA, read from the management cluster.
 	"etcd-endpoint": true,
 	// Display: the format of the output, and whether status shows etcd.
 	"output": true, "etcd": true,
@@ -66,10 +71,28 @@ var configurable = map[string]bool{
 	"topology-timeout": true,
 }
 
+// targetOrIdentity are kubectl's connection flags that choose, beside the
+// kubeconfig, the management cluster (--server, --cluster, and what decides
+// which server is trusted to be it), the namespace, or the identity the tool
+// acts as (--user, credentials, impersonation). kubectl reads none of them
+// from the environment; here they come from the command line only, like
+// what is acted on, and are refused with a reason of their own.
+var targetOrIdentity = map[string]bool{
+	"namespace": true, "server": true, "cluster": true, "tls-server-name": true, "certificate-authority": true,
+	"insecure-skip-tls-verify": true, "user": true, "client-certificate": true, "client-key": true, "token": true,
+	"username": true, "password": true, "as": true, "as-group": true, "as-uid": true,
+}
+
+// credential are the flags whose value is a secret, never repeated in an error.
+var credential = map[string]bool{"token": true, "password": true}
+
 // notConfigurable explains a refused key or variable; flag is its name.
 func notConfigurable(flag string) string {
-	return fmt.Sprintf("what to act on and how is given only on the command line (pass --%s there); "+
-		"the config file and environment may set only connection, display and wait settings", flag)
+	const may = "the config file and environment may set only the kubeconfig and context, and network, display and wait settings"
+	if targetOrIdentity[flag] {
+		return fmt.Sprintf("the namespace, cluster and identity come only from the command line or the kubeconfig's context (pass --%s there); %s", flag, may)
+	}
+	return fmt.Sprintf("what to act on and how is given only on the command line (pass --%s there); %s", flag, may)
 }
 
 // checkEnvironment refuses a variable, among those naming a flag of the
@@ -83,6 +106,9 @@ func checkEnvironment(known map[string]bool) error {
 	sort.Strings(names)
 	for _, name := range names {
 		if value := os.Getenv(envName(name)); value != "" && !configurable[name] {
+			if credential[name] {
+				value = "…" // an error line ends up in logs and tickets
+			}
 			return exitcode.Usagef("environment variable %s=%s is not allowed: %s", envName(name), value, notConfigurable(name))
 		}
 	}
@@ -215,7 +241,7 @@ func checkConfigKeys(file string, raw []byte, known map[string]bool) error {
 
 func exampleKeys(known map[string]bool) []string {
 	var keys []string
-	for _, k := range []string{"namespace", "context", "kubeconfig", "request-timeout"} {
+	for _, k := range []string{"context", "kubeconfig", "output", "request-timeout"} {
 		if known[k] {
 			keys = append(keys, k)
 		}

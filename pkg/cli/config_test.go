@@ -34,7 +34,7 @@ func TestTargetAndScopeRefusedFromConfig(t *testing.T) {
 			env:  map[string]string{"CP_ROLLOUT_VERSION": "v1.36.3"},
 			says: []string{"CP_ROLLOUT_VERSION"}},
 		{name: "all namespaces from the file", args: []string{"upgrade", "--version", "v1.36.3"},
-			config: "namespace: capi\nall-namespaces: true\n",
+			config: "context: mgmt\nall-namespaces: true\n",
 			says:   []string{"config.yaml: line 2: key \"all-namespaces\" is not allowed", "pass --all-namespaces there"}},
 		{name: "all namespaces from the environment", args: []string{"upgrade", "--version", "v1.36.3"},
 			env:  map[string]string{"CP_ROLLOUT_ALL_NAMESPACES": "true"},
@@ -84,10 +84,7 @@ func TestTargetAndScopeRefusedFromConfig(t *testing.T) {
 // configurableValues is a value for each configurable flag, as a person
 // would write it.
 var configurableValues = map[string]string{
-	"kubeconfig": "KUBECONFIG", "context": "mgmt", "cluster": "mgmt-cluster", "user": "alice", "namespace": "capi",
-	"server": "https://127.0.0.1:1", "tls-server-name": "mgmt.example", "certificate-authority": "/ca.crt",
-	"client-certificate": "/tls.crt", "client-key": "/tls.key", "token": "t0ken", "username": "alice", "password": "secret",
-	"insecure-skip-tls-verify": "true", "as": "bob", "as-group": "ops", "as-uid": "42", "disable-compression": "true",
+	"kubeconfig": "KUBECONFIG", "context": "mgmt", "disable-compression": "true",
 	"request-timeout": "30s", "etcd-endpoint": "https://{{.NodeIP}}:2379", "output": "json", "etcd": "true",
 	"timeout": "1h", "provision-timeout": "5m", "health-timeout": "2m", "delete-timeout": "3m", "settle": "10s",
 	"handback-timeout": "30s", "no-wait": "true", "workers-timeout": "40m", "unhealthy-grace": "3m",
@@ -106,6 +103,9 @@ func TestConfigurableKeysStillWork(t *testing.T) {
 		if _, ok := configurableValues[name]; !ok {
 			t.Errorf("configurable %q has no value in this test", name)
 		}
+		if targetOrIdentity[name] {
+			t.Errorf("%q is both configurable and a flag of the target or identity", name)
+		}
 		names = append(names, name)
 	}
 	sort.Strings(names)
@@ -116,13 +116,13 @@ func TestConfigurableKeysStillWork(t *testing.T) {
 			t.Fatalf("did not reach Run: %v", r.err)
 		}
 		ov := r.opts.ConfigFlags.overrides
-		if r.opts.ConfigFlags.Namespace() != "capi" || ov.CurrentContext != "mgmt" || ov.AuthInfo.Impersonate != "bob" ||
-			!ov.ClusterInfo.InsecureSkipTLSVerify || ov.Timeout != "30s" {
-			t.Errorf("connection flags not applied: %+v", ov)
+		if r.opts.ConfigFlags.rules.ExplicitPath != "KUBECONFIG" || ov.CurrentContext != "mgmt" ||
+			!ov.ClusterInfo.DisableCompression || ov.Timeout != "30s" {
+			t.Errorf("connection flags not applied: kubeconfig %q, %+v", r.opts.ConfigFlags.rules.ExplicitPath, ov)
 		}
 		req, wait := o.change.req, o.change.wait
 		if req.Output != "json" || req.conn.EtcdEndpoint != "https://{{.NodeIP}}:2379" || wait.Timeout != time.Hour ||
-			wait.Timeouts.Health != 2*time.Minute || wait.Timeouts.Handback != 0 || wait.Timeouts.Topology != 15*time.Minute || req.target.Version != "v1.36.3" {
+			wait.Timeouts.Health != 2*time.Minute || wait.Timeouts.Handback != 0 || wait.Timeouts.Topology != 15*time.Minute || req.request.Version != "v1.36.3" {
 			t.Errorf("verb flags not applied: output %q, etcd endpoint %q, timeout %s, timeouts %+v", req.Output, req.conn.EtcdEndpoint, wait.Timeout, wait.Timeouts)
 		}
 	}
@@ -156,4 +156,72 @@ func TestUnknownKeyIsNotCalledForbidden(t *testing.T) {
 	if r.code != exitcode.Usage || !strings.Contains(r.err.Error(), `unknown key "machine"`) {
 		t.Fatalf("exit %d, err %v", r.code, r.err)
 	}
+}
+
+// targetOrIdentityValues is a value for each flag that chooses the target or
+// the identity, as a leftover variable or a shared file would hold it.
+var targetOrIdentityValues = map[string]string{
+	"namespace": "prod", "server": "https://10.0.0.1:6443", "cluster": "prod-cluster", "tls-server-name": "prod.example",
+	"certificate-authority": "/ca.crt", "insecure-skip-tls-verify": "true", "user": "admin", "client-certificate": "/tls.crt",
+	"client-key": "/tls.key", "token": "s3cr3t-t0ken", "username": "admin", "password": "s3cr3t-pw", "as": "system:admin",
+	"as-group": "system:masters", "as-uid": "0",
+}
+
+// TestTargetAndIdentityRefusedFromConfig: a leftover CP_ROLLOUT_NAMESPACE=prod
+// would turn "upgrade demo" into prod/demo, a shared file's "as:" would act
+// as someone else. Each flag that chooses the namespace, the management
+// cluster or the identity is refused from the environment and from the file,
+// exit 2 before Run, in one line naming the variable or the file and line and
+// the flag to pass instead; a credential's value is not repeated.
+func TestTargetAndIdentityRefusedFromConfig(t *testing.T) {
+	known := knownFlags(NewRootCmd(genericiooptions.IOStreams{}))
+	for name := range targetOrIdentity {
+		if !known[name] {
+			t.Errorf("targetOrIdentity %q is no flag of any verb", name)
+		}
+		if _, ok := targetOrIdentityValues[name]; !ok {
+			t.Errorf("targetOrIdentity %q has no value in this test", name)
+		}
+	}
+	var names []string
+	for name := range targetOrIdentityValues {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	args := []string{"upgrade", "demo", "--version", "v1.36.3"}
+	check := func(t *testing.T, name string, reached bool, r result, says ...string) {
+		t.Helper()
+		if r.code != exitcode.Usage || reached {
+			t.Fatalf("exit %d, reached Run %v (err: %v); want exit 2 before Run", r.code, reached, r.err)
+		}
+		msg := r.err.Error()
+		for _, want := range append(says, "pass --"+name+" there", "namespace, cluster and identity") {
+			if !strings.Contains(msg, want) {
+				t.Errorf("error %q lacks %q", msg, want)
+			}
+		}
+		if credential[name] && strings.Contains(msg, targetOrIdentityValues[name]) {
+			t.Errorf("error %q repeats the secret value", msg)
+		}
+		if strings.Contains(msg, "\n") || r.out != "" || r.log != "" {
+			t.Errorf("want one line and nothing printed: error %q, stdout %q, stderr %q", msg, r.out, r.log)
+		}
+	}
+	for _, name := range names {
+		t.Run(name+" from the environment", func(t *testing.T) {
+			isolateWith(t, "", map[string]string{envName(name): targetOrIdentityValues[name]})
+			reached, r := parseVerb(t, args...)
+			check(t, name, reached, r, "environment variable "+envName(name)+"=", "is not allowed")
+		})
+		t.Run(name+" from the file", func(t *testing.T) {
+			isolateWith(t, "output: json\n"+name+": '"+targetOrIdentityValues[name]+"'\n", nil)
+			reached, r := parseVerb(t, args...)
+			check(t, name, reached, r, "config.yaml: line 2: key \""+name+"\" is not allowed")
+		})
+	}
+	// The case from issue 48, whatever the verb.
+	t.Run("namespace for a read-only verb", func(t *testing.T) {
+		isolateWith(t, "", map[string]string{"CP_ROLLOUT_NAMESPACE": "prod"})
+		refused(t, run(t, "status", "demo"), exitcode.Usage, "environment variable CP_ROLLOUT_NAMESPACE=prod is not allowed", "pass --namespace there")
+	})
 }

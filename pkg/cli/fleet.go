@@ -69,7 +69,9 @@ func validateSelection(verb, cluster string, s selection) error {
 	return err
 }
 
-// labels is -l parsed: every Cluster without it.
+// labels is -l parsed: every Cluster without it. A selector given but
+// without a requirement (-l ' ') parses to every Cluster too, and would
+// pass where -A alone needs --yes: it is refused, as the mistake it is.
 func (s *selection) labels() (labels.Selector, error) {
 	if s.Selector == "" {
 		return labels.Everything(), nil
@@ -77,6 +79,10 @@ func (s *selection) labels() (labels.Selector, error) {
 	sel, err := labels.Parse(s.Selector)
 	if err != nil {
 		return nil, exitcode.Usagef("-l %s: %v", s.Selector, err)
+	}
+	if sel.Empty() {
+		return nil, exitcode.Usagef("-l %q has no requirement and would select every Cluster: give one (for example -l env=staging), "+
+			"or leave -l out (-A alone selects every cluster, with --yes to change them); nothing was changed", s.Selector)
 	}
 	return sel, nil
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -40,5 +41,37 @@ func TestFleetRowsOfAStoppedRun(t *testing.T) {
 	}
 	if failed != 3 || notStarted != 1 || exitcode.Worst(codes...) != exitcode.Terminated {
 		t.Errorf("failed %d, not started %d, worst %d; want 3, 1, 143", failed, notStarted, exitcode.Worst(codes...))
+	}
+}
+
+// TestBlankSelectorIsRefused: -l ' ' parses to a selector that matches every
+// Cluster, so -A -l ' ' would act on the whole fleet without the --yes that
+// -A alone needs (and -l ' ' on every Cluster of the namespace). A selector
+// without a requirement is bad usage, whatever the verb, before Run.
+func TestBlankSelectorIsRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"upgrade", "-A", "-l", " ", "--version", "v1.36.3"},
+		{"upgrade", "-A", "-l", "\t", "--version", "v1.36.3", "--yes"},
+		{"upgrade", "-l", "  ", "--version", "v1.36.3"},
+		{"scale", "-A", "-l", " ", "--replicas", "3"},
+		{"handback", "-A", "-l", " "},
+		{"status", "-A", "-l", " "},
+		{"plan", "-A", "-l", " ", "--version", "v1.36.3"},
+	} {
+		t.Run(fmt.Sprintf("%q", args), func(t *testing.T) {
+			isolate(t)
+			reached, r := parseVerb(t, args...)
+			if r.code != exitcode.Usage || reached {
+				t.Fatalf("exit %d, reached Run %v (err: %v); want exit 2 before Run", r.code, reached, r.err)
+			}
+			for _, want := range []string{"-l \"", "has no requirement", "every Cluster"} {
+				if !strings.Contains(r.err.Error(), want) {
+					t.Errorf("error %q lacks %q", r.err, want)
+				}
+			}
+			if strings.Contains(r.err.Error(), "\n") {
+				t.Errorf("error is not one line: %q", r.err)
+			}
+		})
 	}
 }

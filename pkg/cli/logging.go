@@ -2,6 +2,8 @@ package cli
 
 import (
 	"flag"
+	"fmt"
+	"io"
 	"strconv"
 
 	"github.com/go-logr/logr"
@@ -12,10 +14,30 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
 
+// bodyLevel is the first -v at which client-go logs the bodies of requests
+// and responses (k8s.io/client-go rest/request.go logBody, at 8 and above:
+// cut at 1 KiB at 8, at 10 KiB at 9, whole from 10; below it, its round
+// trippers log URLs and timing at 6 and headers, credentials masked, at 7).
+// The bodies include the Secrets the tool reads: the cluster's etcd CA with
+// its key, and the workload cluster's admin kubeconfig.
+const bodyLevel = 8
+
 // addVerbosityFlag adds kubectl's -v/--v. kubectl hands a plugin the flags
 // typed after its name as they were typed, so the plugin parses -v itself.
 func addVerbosityFlag(f *pflag.FlagSet, level *int) {
-	f.IntVarP(level, "v", "v", 0, "Log level, as kubectl's: 6 logs each request to an API server (method, URL, status, duration) on stderr, 8 also its body (the Secrets this tool reads among them)")
+	f.IntVarP(level, "v", "v", 0, "Log level, as kubectl's: 6 logs each request to an API server (method, URL, status, duration) on stderr, "+
+		"7 also its headers (credentials masked); 8 and above also log bodies (1 KiB of each at 8, 10 KiB at 9, all from 10), "+
+		"among them the Secrets this tool reads: the etcd CA key and the workload cluster's admin credentials")
+}
+
+// bodyWarning is what a run at level says on stderr before it starts, when
+// its log will hold the bodies of the Secrets it reads; "" below bodyLevel.
+func bodyWarning(level int) string {
+	if level < bodyLevel {
+		return ""
+	}
+	return fmt.Sprintf("warning: -v %d logs the body of each request and response, among them the Secrets this tool reads "+
+		"(the etcd CA key, the workload cluster's admin credentials): keep this output private, or use -v %d or lower\n", level, bodyLevel-1)
 }
 
 // setLogging sets klog's verbosity to level, so that client-go logs its
@@ -27,9 +49,14 @@ func addVerbosityFlag(f *pflag.FlagSet, level *int) {
 // controller-runtime would print a warning with a stack trace on stderr 30 s
 // into a run. controller-runtime takes only the first logger it is given:
 // this runs once a process, before any command's work.
-func setLogging(level int) error {
+//
+// From bodyLevel on it warns on errOut first: the log will hold Secrets.
+func setLogging(level int, errOut io.Writer) error {
 	if level < 0 {
 		return exitcode.Usagef("-v must not be negative, not %d", level)
+	}
+	if w := bodyWarning(level); w != "" {
+		fmt.Fprint(errOut, w)
 	}
 	if level == 0 {
 		ctrllog.SetLogger(logr.Discard())

@@ -111,7 +111,7 @@ control-plane machine, never lose etcd quorum).`,
 			if err := applyConfig(cmd, o.ConfigFile); err != nil {
 				return err
 			}
-			return setLogging(o.Verbosity)
+			return setLogging(o.Verbosity, cmd.ErrOrStderr())
 		},
 		CompletionOptions:          cobra.CompletionOptions{DisableDefaultCmd: true},
 		SuggestionsMinimumDistance: 2,

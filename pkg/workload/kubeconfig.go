@@ -3,6 +3,7 @@ package workload
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -31,9 +32,10 @@ const requestTimeout = 10 * time.Second
 // kubeconfig, and the tool runs on an operator's workstation: a kubeconfig
 // that names a command (exec, auth-provider) would run it there, one that
 // names a local path (tokenFile, client-certificate, client-key,
-// certificate-authority) would read the operator's files, and a proxy-url,
-// insecure-skip-tls-verify or impersonation would send the workload
-// cluster's admin credentials elsewhere or act as someone else. So only
+// certificate-authority) would read the operator's files, a proxy-url or
+// insecure-skip-tls-verify would send the workload cluster's admin
+// credentials elsewhere, a server that is not https would send them in
+// clear, and impersonation would act as someone else. So only
 // embedded credentials are accepted, and the check comes before clientcmd
 // sees the kubeconfig: its ClientConfig opens the certificate files and
 // reads tokenFile while it builds the config. The Secret is read once, so
@@ -125,6 +127,7 @@ func refusedField(kc *clientcmdv1.Config) (field, why string) {
 		if c.Name == current.Cluster {
 			cluster := c.Cluster
 			return firstSet(fmt.Sprintf("clusters[%d].cluster.", i), []kubeconfigField{
+				{!isHTTPS(cluster.Server), "server", fmt.Sprintf("%q is not an https:// URL: it would send the admin credentials unencrypted", redacted(cluster.Server))},
 				{cluster.CertificateAuthority != "", "certificate-authority", readsFile},
 				{cluster.ProxyURL != "", "proxy-url", "would send the admin credentials through a proxy of the Secret's choosing"},
 				{cluster.InsecureSkipTLSVerify, "insecure-skip-tls-verify", "would send the admin credentials to a server whose certificate is not verified"},
@@ -132,6 +135,23 @@ func refusedField(kc *clientcmdv1.Config) (field, why string) {
 		}
 	}
 	return "", ""
+}
+
+// isHTTPS reports whether server is an https URL with a host. client-go
+// would speak plain HTTP to an http:// server, and to one without a scheme
+// when the kubeconfig has no CA and no client certificate: a bearer token
+// would then cross the network in clear.
+func isHTTPS(server string) bool {
+	u, err := url.Parse(server)
+	return err == nil && u.Scheme == "https" && u.Host != ""
+}
+
+// redacted is server as an error may show it: without a password in it.
+func redacted(server string) string {
+	if u, err := url.Parse(server); err == nil {
+		return u.Redacted()
+	}
+	return server
 }
 
 // kubeconfigField is one field refusedField looks at: whether it is set, its

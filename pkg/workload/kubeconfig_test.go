@@ -18,7 +18,7 @@ import (
 func embeddedOnly() *clientcmdv1.Config {
 	return &clientcmdv1.Config{
 		Clusters: []clientcmdv1.NamedCluster{
-			{Name: "elsewhere", Cluster: clientcmdv1.Cluster{Server: "https://elsewhere:6443", InsecureSkipTLSVerify: true, ProxyURL: "http://proxy:3128"}},
+			{Name: "elsewhere", Cluster: clientcmdv1.Cluster{Server: "http://elsewhere:6443", InsecureSkipTLSVerify: true, ProxyURL: "http://proxy:3128"}},
 			{Name: "demo", Cluster: clientcmdv1.Cluster{Server: "https://127.0.0.1:6443", CertificateAuthorityData: []byte("ca")}},
 		},
 		AuthInfos: []clientcmdv1.NamedAuthInfo{
@@ -61,6 +61,13 @@ func TestRefusedField(t *testing.T) {
 		{"as-uid", func(kc *clientcmdv1.Config) { user(kc).ImpersonateUID = "1234" }, "users[1].user.as-uid"},
 		{"as-groups", func(kc *clientcmdv1.Config) { user(kc).ImpersonateGroups = []string{"system:masters"} }, "users[1].user.as-groups"},
 		{"as-user-extra", func(kc *clientcmdv1.Config) { user(kc).ImpersonateUserExtra = map[string][]string{"scopes": {"all"}} }, "users[1].user.as-user-extra"},
+		// A token or a client certificate would cross the network in clear.
+		{"http server", func(kc *clientcmdv1.Config) { cluster(kc).Server = "http://127.0.0.1:6443" }, "clusters[1].cluster.server"},
+		{"server without a scheme", func(kc *clientcmdv1.Config) { cluster(kc).Server = "127.0.0.1:6443" }, "clusters[1].cluster.server"},
+		{"server without a host", func(kc *clientcmdv1.Config) { cluster(kc).Server = "https://" }, "clusters[1].cluster.server"},
+		{"no server", func(kc *clientcmdv1.Config) { cluster(kc).Server = "" }, "clusters[1].cluster.server"},
+		{"ws server", func(kc *clientcmdv1.Config) { cluster(kc).Server = "ws://127.0.0.1:6443" }, "clusters[1].cluster.server"},
+		{"https server in capitals", func(kc *clientcmdv1.Config) { cluster(kc).Server = "HTTPS://127.0.0.1:6443" }, ""},
 		{"certificate-authority", func(kc *clientcmdv1.Config) { cluster(kc).CertificateAuthority = "/etc/kubernetes/pki/ca.crt" }, "clusters[1].cluster.certificate-authority"},
 		{"proxy-url", func(kc *clientcmdv1.Config) { cluster(kc).ProxyURL = "http://attacker:3128" }, "clusters[1].cluster.proxy-url"},
 		{"insecure-skip-tls-verify", func(kc *clientcmdv1.Config) { cluster(kc).InsecureSkipTLSVerify = true }, "clusters[1].cluster.insecure-skip-tls-verify"},
@@ -103,6 +110,28 @@ func TestRestConfigRefusesBeforeClientcmdReadsFiles(t *testing.T) {
 	}
 	if strings.Contains(msg, "\n") {
 		t.Errorf("the refusal is not one line: %q", msg)
+	}
+}
+
+// TestRestConfigRefusesPlainHTTPServer: a server that is not https is
+// refused as Unsafe, naming the Secret, the field and what it would do, and
+// a password in its URL is not repeated.
+func TestRestConfigRefusesPlainHTTPServer(t *testing.T) {
+	from := client.ObjectKey{Namespace: "team-a", Name: "demo-kubeconfig"}
+	kc := embeddedOnly()
+	kc.Clusters[1].Cluster.Server = "http://admin:hunter2@10.0.0.1:6443"
+	_, err := restConfig(encode(t, kc), from)
+	if code := exitcode.Of(err); code != exitcode.Unsafe {
+		t.Fatalf("exit code %d (%v), want %d", code, err, exitcode.Unsafe)
+	}
+	msg := err.Error()
+	for _, want := range []string{"Secret team-a/demo-kubeconfig", "clusters[1].cluster.server", "is not an https:// URL", "unencrypted"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the refusal %q does not say %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "hunter2") || strings.Contains(msg, "\n") {
+		t.Errorf("the refusal repeats the password or is not one line: %q", msg)
 	}
 }
 
