@@ -13,6 +13,7 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/collections"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/record"
@@ -45,6 +46,12 @@ type Status struct {
 	// KCPController is the KubeadmControlPlane controller as status found
 	// it; nil when it was not looked for.
 	KCPController *KCPControllerStatus `json:"kcpController,omitempty"`
+	// KubeadmConfigsNotRead is true when the identity may not read the
+	// machines' KubeadmConfigs (cp-rollout-view: they hold the node-join
+	// token): a machine's upToDate is then KCP's own UpToDate condition on
+	// it, or upToDateUnknown where KCP has not judged the current spec, and
+	// there is no next step.
+	KubeadmConfigsNotRead bool `json:"kubeadmConfigsNotRead,omitempty"`
 	// Acting is who changes the control plane's machines now.
 	Acting ActingStatus `json:"acting"`
 }
@@ -195,6 +202,10 @@ type MachineStatus struct {
 	// unhealthy (and why), or remediation wanted, which a run acts on first;
 	// "" when no MachineHealthCheck watches it.
 	HealthCheck string `json:"healthCheck,omitempty"`
+	// UpToDateUnknown is true when whether the machine is up to date could
+	// not be judged (see Status.KubeadmConfigsNotRead); UpToDate is then
+	// false.
+	UpToDateUnknown bool `json:"upToDateUnknown,omitempty"`
 }
 
 // MemberStatus describes one etcd member.
@@ -224,7 +235,7 @@ type NextStatus struct {
 // lock, so it works while a rollout runs. The management cluster must answer;
 // what the workload cluster or etcd cannot tell is listed in Errors. An
 // engine without a Workload shows the management cluster's half. connected,
-// when not nil, is the control plane as read a moment ago (see ReadFirst).
+// when not nil, is the control plane as read a moment ago (see SnapshotOf).
 func (e *Engine) Status(ctx context.Context, connected *kcpstate.ControlPlane) (*Status, error) {
 	cp := connected
 	if cp == nil {
@@ -263,17 +274,21 @@ func (e *Engine) Status(ctx context.Context, connected *kcpstate.ControlPlane) (
 	s, live := NewSnapshot(cp), false
 	if e.Workload == nil {
 		st.ManagementOnly = true
-	} else if read, err := e.ReadFirst(ctx, cp); err != nil {
+	} else if read, err := e.SnapshotOf(ctx, cp); err != nil {
 		st.Errors = append(st.Errors, err.Error())
 	} else {
 		s, live = read, true
 	}
 	st.EtcdManaged = s.EtcdManaged
+	unjudged := collections.New()
+	if j, ok := e.ControlPlane.(unjudging); ok && j.KubeadmConfigsUnread() {
+		st.KubeadmConfigsNotRead, unjudged = true, j.Unjudged(s.CP)
+	}
 	for _, m := range s.CP.Machines.SortedByCreationTimestamp() {
 		ms := MachineStatus{
 			Name: m.Name, Version: m.Spec.Version, Node: nodeName(m), FailureDomain: m.Spec.FailureDomain,
-			Phase: m.Status.Phase, UpToDate: !s.CP.MachinesNotUpToDate.Has(m), Deleting: !m.DeletionTimestamp.IsZero(),
-			Created: m.CreationTimestamp.Time, HealthCheck: healthCheck(m),
+			Phase: m.Status.Phase, UpToDate: !s.CP.MachinesNotUpToDate.Has(m) && !unjudged.Has(m), UpToDateUnknown: unjudged.Has(m),
+			Deleting: !m.DeletionTimestamp.IsZero(), Created: m.CreationTimestamp.Time, HealthCheck: healthCheck(m),
 		}
 		if live && !ms.Deleting {
 			if err := Problem(s, m); err != nil {
@@ -288,7 +303,13 @@ func (e *Engine) Status(ctx context.Context, connected *kcpstate.ControlPlane) (
 			DBSize: m.DBSize, Version: m.Version, Alarms: append([]string{}, m.Alarms...), Errors: m.Errors,
 		})
 	}
-	if live {
+	switch {
+	case live && st.KubeadmConfigsNotRead:
+		// Next compares the machines' KubeadmConfigs (MissingPieces, and
+		// which machines need rolling out): without them it would decide on
+		// guesses.
+		st.Errors = append(st.Errors, "no next step: it depends on the machines' KubeadmConfigs, which this identity may not read")
+	case live:
 		t := Target{Replicas: Replicas(s), MaxSurge: KCPMaxSurge(s.CP.KCP)}
 		step := Next(ctx, s, t)
 		if step.Action == Refuse && step.Machine != nil && Broken(s, t, rec != nil).Has(step.Machine) {
@@ -297,6 +318,16 @@ func (e *Engine) Status(ctx context.Context, connected *kcpstate.ControlPlane) (
 		st.Next = &NextStatus{Action: string(step.Action), Machine: machineName(step.Machine), Member: memberName(step), Reason: step.Reason}
 	}
 	return st, nil
+}
+
+// unjudging is a ControlPlane whose reads may go without the machines'
+// KubeadmConfigs, which the identity may not read (*controlplane.Client).
+type unjudging interface {
+	// KubeadmConfigsUnread reports whether they went without.
+	KubeadmConfigsUnread() bool
+	// Unjudged names the machines of cp whose up-to-dateness is unknown
+	// without them.
+	Unjudged(cp *kcpstate.ControlPlane) collections.Machines
 }
 
 // healthCheck words a MachineHealthCheck's verdict on m, from the conditions

@@ -2,8 +2,14 @@ package rollout
 
 import (
 	"context"
+	"slices"
 	"testing"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
+	"sigs.k8s.io/cluster-api/util/collections"
+
+	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/record"
 )
 
@@ -35,6 +41,56 @@ func TestStatusWithoutTheWorkloadCluster(t *testing.T) {
 	}
 	if st.ManagementOnly || len(st.EtcdMembers) == 0 || st.Next == nil {
 		t.Errorf("with the workload cluster: managementOnly %v, %d members, next %v", st.ManagementOnly, len(st.EtcdMembers), st.Next)
+	}
+}
+
+// withoutKubeadmConfigs is a scripted control plane whose identity may not
+// read the machines' KubeadmConfigs, as controlplane.Client reports it: the
+// machines named unjudged are those whose up-to-dateness it could not tell.
+type withoutKubeadmConfigs struct {
+	*scripted
+	unjudged []string
+}
+
+func (w withoutKubeadmConfigs) KubeadmConfigsUnread() bool { return true }
+
+// The control plane every verb is given tells status what it did not read;
+// without this, a rename would silently show every machine as judged.
+var _ unjudging = (*controlplane.Client)(nil)
+
+func (w withoutKubeadmConfigs) Unjudged(cp *kcpstate.ControlPlane) collections.Machines {
+	return cp.Machines.Filter(func(m *clusterv1.Machine) bool { return m != nil && slices.Contains(w.unjudged, m.Name) })
+}
+
+// TestStatusWithoutKubeadmConfigs: a machine whose up-to-dateness the read
+// could not judge without its KubeadmConfig is shown neither up to date nor
+// outdated but unknown; the others as judged; the status says the
+// KubeadmConfigs were not read, and with the workload cluster it shows no
+// next step, which would compare them, but says why.
+func TestStatusWithoutKubeadmConfigs(t *testing.T) {
+	w := world(machineSpec{outdated: true}, machineSpec{}, machineSpec{})
+	names := w.CP.Machines.SortedByCreationTimestamp()
+	f := withoutKubeadmConfigs{scripted: newScripted(w), unjudged: []string{names[2].Name}}
+	for _, e := range []*Engine{{ControlPlane: f}, {ControlPlane: f, Workload: f, Etcd: f}} {
+		st, err := e.Status(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.KubeadmConfigsNotRead || len(st.Machines) != 3 {
+			t.Fatalf("kubeadmConfigsNotRead %v, %d machines: want true, 3", st.KubeadmConfigsNotRead, len(st.Machines))
+		}
+		type verdict struct{ upToDate, unknown bool }
+		for i, want := range []verdict{{false, false}, {true, false}, {false, true}} {
+			if m := st.Machines[i]; (verdict{m.UpToDate, m.UpToDateUnknown}) != want {
+				t.Errorf("machine %s: upToDate %v, unknown %v; want %+v", m.Name, m.UpToDate, m.UpToDateUnknown, want)
+			}
+		}
+		if st.Next != nil {
+			t.Errorf("next %+v without the KubeadmConfigs: want none", st.Next)
+		}
+		if e.Workload != nil && len(st.Errors) != 1 {
+			t.Errorf("with the workload cluster, errors %q: want one saying why there is no next step", st.Errors)
+		}
 	}
 }
 

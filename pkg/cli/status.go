@@ -12,8 +12,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/deploy/rbac"
+	"github.com/cp-rollout/cp-rollout/pkg/access"
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/fleet"
@@ -231,17 +236,37 @@ func (o *StatusOptions) clusterReader(ctx context.Context) (read func(context.Co
 	}
 	// The first read takes the control plane connect has just read.
 	engine, connected := c.engine, c.first
+	warned := false
 	return func(ctx context.Context) (*statusView, error) {
 		st, err := engine.Status(ctx, connected)
 		connected = nil
 		if err != nil {
 			return nil, err
 		}
+		if st.KubeadmConfigsNotRead && !warned {
+			warned = true // once, as the preflight's: -w reads again and again
+			fmt.Fprintln(o.Streams.ErrOut, o.kubeadmConfigsWarning(ctx, engine.ControlPlane))
+		}
 		if r, ok := engine.ControlPlane.(kcpVersionReader); ok {
 			st.KCPController = kcpController(r.KCPControllerVersion(ctx))
 		}
 		return &statusView{status: st}, nil
 	}, c.close, nil
+}
+
+// kubeadmConfigsWarning says, as the preflight says of the Secrets, that
+// the machines' KubeadmConfigs were not read, why, which Role grants them,
+// and what the UP-TO-DATE column shows instead.
+func (o *StatusOptions) kubeadmConfigsWarning(ctx context.Context, cp rollout.ControlPlane) string {
+	identity := "this identity"
+	if k, ok := cp.(interface{ Kube() client.Client }); ok {
+		if who := access.Identity(ctx, k.Kube()); who != "" {
+			identity = who
+		}
+	}
+	scope := access.Scope{Namespace: o.conn.Namespace, Cluster: o.conn.Cluster}
+	return fmt.Sprintf("warning: KubeadmConfigs not read: they hold the machines' node-join token, and reading them needs get and list on kubeadmconfigs.%s in namespace %s, which %s lacks (Role %s grants it; %s prints it); UP-TO-DATE is KCP's own UpToDate condition on each machine, and unknown where KCP has not judged the KubeadmControlPlane's current spec",
+		bootstrapv1.GroupVersion.Group, o.conn.Namespace, identity, rbac.Operate.RoleName(o.conn.Cluster), access.PrintRoles(scope))
 }
 
 func (o *StatusOptions) where() (cluster, namespace string) { return o.conn.where(&o.sel) }
@@ -421,8 +446,12 @@ func printStatus(out io.Writer, st *rollout.Status, opts tableOptions, now time.
 
 	var machines [][]any
 	for _, m := range st.Machines {
+		var upToDate any = m.UpToDate
+		if m.UpToDateUnknown {
+			upToDate = "unknown"
+		}
 		machines = append(machines, []any{m.Name, m.Version, dash(m.Node), dash(m.FailureDomain), dash(m.Phase),
-			m.UpToDate, m.Deleting, age(m.Created, now), dash(m.Problem), dash(m.HealthCheck)})
+			upToDate, m.Deleting, age(m.Created, now), dash(m.Problem), dash(m.HealthCheck)})
 	}
 	if err := printTable(w, machineColumns, machines, opts); err != nil {
 		return err

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -58,6 +60,42 @@ func TestStatusManagementOnly(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "demo-cp-1") || !strings.Contains(out.String(), "ETCD  not read") || strings.Contains(out.String(), "ETCD MEMBER") {
 		t.Errorf("management-only status:\n%s", out.String())
+	}
+}
+
+// TestStatusWithoutKubeadmConfigs: a machine whose up-to-dateness status
+// could not judge without its KubeadmConfig shows unknown, not false; and
+// the warning names what was not read, in which namespace, who lacks it,
+// the Role that grants it, and what UP-TO-DATE shows instead.
+func TestStatusWithoutKubeadmConfigs(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	st := &rollout.Status{Cluster: "demo", Namespace: "default", EtcdManaged: true, ManagementOnly: true, KubeadmConfigsNotRead: true,
+		Machines: []rollout.MachineStatus{
+			{Name: "demo-cp-1", Version: "v1.36.3", UpToDate: true, Created: now},
+			{Name: "demo-cp-2", Version: "v1.36.3", UpToDateUnknown: true, Created: now},
+			{Name: "demo-cp-3", Version: "v1.35.2", Created: now}}}
+	var out bytes.Buffer
+	if err := printStatus(&out, st, tableOptions{}, now); err != nil {
+		t.Fatal(err)
+	}
+	verdicts := map[string]string{}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(line); len(f) > 5 && strings.HasPrefix(f[0], "demo-cp-") {
+			verdicts[f[0]] = f[5] // NODE, FAILURE DOMAIN and PHASE are "-"
+		}
+	}
+	if want := map[string]string{"demo-cp-1": "true", "demo-cp-2": "unknown", "demo-cp-3": "false"}; fmt.Sprint(verdicts) != fmt.Sprint(want) {
+		t.Errorf("UP-TO-DATE %v, want %v:\n%s", verdicts, want, out.String())
+	}
+
+	o := NewStatusOptions(genericiooptions.IOStreams{})
+	o.conn.Namespace, o.conn.Cluster = "default", "demo"
+	warning := o.kubeadmConfigsWarning(context.Background(), controlplane.New(authorizerFor(readOnlyAccess), "default", "demo"))
+	for _, want := range []string{"warning: KubeadmConfigs not read", "node-join token", "kubeadmconfigs.bootstrap.cluster.x-k8s.io in namespace default",
+		"which oncall lacks", "Role cp-rollout-operate-demo grants it", "`kubectl cp-rollout rbac demo -n default`", "unknown where KCP has not judged"} {
+		if !strings.Contains(warning, want) {
+			t.Errorf("the warning does not say %q: %s", want, warning)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -35,12 +36,21 @@ import (
 // KCP's NewControlPlane reads one object at a time; prefetch reads the three
 // kinds it will ask for side by side first, so a snapshot waits for one
 // round trip there instead of three.
+//
+// An identity that may not read KubeadmConfigs (cp-rollout-view: they hold
+// the node-join token) asks for none; see withoutKubeadmConfigs.
 type oneRead struct {
 	client.Client
 	namespace, cluster string
 	// listable are the kinds read by listing: the machines' InfraMachine
 	// kinds and KubeadmConfig.
 	listable map[schema.GroupKind]bool
+	// withoutKubeadmConfigs answers every read of a KubeadmConfig with
+	// NotFound, sending no request: KCP's NewControlPlane then leaves the
+	// KubeadmConfig out of its comparison, as it does one that is gone, and
+	// Read judges that part by KCP's own condition (judgeWithoutKubeadmConfigs).
+	// A refused read would be an error, and a line in the audit log.
+	withoutKubeadmConfigs bool
 
 	mu      sync.Mutex
 	lists   map[schema.GroupVersionKind]*sync.Once
@@ -72,6 +82,9 @@ func (r *oneRead) Get(ctx context.Context, key client.ObjectKey, obj client.Obje
 	gvk, err := apiutil.GVKForObject(obj, r.Scheme())
 	if err != nil {
 		return err
+	}
+	if r.withoutKubeadmConfigs && gvk.GroupKind() == kubeadmConfigKind {
+		return apierrors.NewNotFound(schema.GroupResource{Group: kubeadmConfigKind.Group, Resource: "kubeadmconfigs"}, key.Name)
 	}
 	if _, partial := obj.(*metav1.PartialObjectMetadata); partial || len(opts) > 0 {
 		return r.Client.Get(ctx, key, obj, opts...) // metadata-only and optioned reads are not shared
@@ -109,7 +122,7 @@ func (r *oneRead) prefetch(ctx context.Context, kcp *controlplanev1.KubeadmContr
 		if ref := m.Spec.InfrastructureRef; ref.IsDefined() {
 			reads = append(reads, func() { _, _ = external.GetObjectFromContractVersionedRef(ctx, r, ref, m.Namespace) })
 		}
-		if ref := m.Spec.Bootstrap.ConfigRef; ref.IsDefined() { // read as KubeadmConfig whatever its kind, as KCP reads it
+		if ref := m.Spec.Bootstrap.ConfigRef; ref.IsDefined() && !r.withoutKubeadmConfigs { // read as KubeadmConfig whatever its kind, as KCP reads it
 			reads = append(reads, func() {
 				_ = r.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: ref.Name}, &bootstrapv1.KubeadmConfig{})
 			})

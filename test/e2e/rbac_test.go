@@ -34,8 +34,9 @@ const (
 // The roles of deploy/rbac are what the tool needs and no more. Run as
 // ServiceAccounts bound only to them (each use's ClusterRole cluster-wide, its
 // Role for the cluster in the cluster's namespace): the cp-rollout-view
-// identity, which may read no Secret, sees status's management half with a
-// warning that the workload half needs the cluster's two Secrets, its plan is
+// identity, which may read no Secret and no KubeadmConfig, sees status's
+// management half with a warning that the workload half needs the cluster's
+// two Secrets and one that the KubeadmConfigs were not read, its plan is
 // refused naming them, and its upgrade is refused before anything is locked
 // or changed, each missing permission named; neither identity may write a
 // Lease other than the cluster's own; the cp-rollout-operate
@@ -92,10 +93,11 @@ func TestLeastPrivilege(t *testing.T) {
 
 	// cp-rollout-view: status's management half, a refused plan, then a
 	// refused upgrade.
-	if r := e.Plugin(t, ctx, as(viewer, "status", "demo")...); r.Code != 0 || strings.Count(r.Stderr, "warning:") != 1 ||
+	if r := e.Plugin(t, ctx, as(viewer, "status", "demo")...); r.Code != 0 || strings.Count(r.Stderr, "warning:") != 2 ||
 		!strings.Contains(r.Stderr, "warning: showing the management cluster only") || !strings.Contains(r.Stderr, "Secrets demo-kubeconfig and demo-etcd in namespace default") ||
+		!strings.Contains(r.Stderr, "warning: KubeadmConfigs not read") || !strings.Contains(r.Stderr, "kubeadmconfigs.bootstrap.cluster.x-k8s.io in namespace default, which "+viewer+" lacks") ||
 		!strings.Contains(r.Stdout, "LOCK") || strings.Count(r.Stdout, "demo-") < 3 || !strings.Contains(r.Stdout, "not read: the workload cluster was not reached") {
-		t.Errorf("status as the viewer: exit %d\nstdout:\n%s\nstderr:\n%s\nwant 0, the machines, and one warning naming the two Secrets", r.Code, r.Stdout, r.Stderr)
+		t.Errorf("status as the viewer: exit %d\nstdout:\n%s\nstderr:\n%s\nwant 0, the machines, one warning naming the two Secrets and one naming the KubeadmConfigs", r.Code, r.Stdout, r.Stderr)
 	}
 	if r := e.Plugin(t, ctx, as(viewer, "plan", "demo", "--version", to, "--exit-code")...); r.Code != 6 ||
 		!strings.Contains(r.Stderr, "may not read Secrets demo-kubeconfig and demo-etcd in namespace default") || !strings.Contains(r.Stderr, "cp-rollout-operate-demo") {
@@ -113,6 +115,7 @@ func TestLeastPrivilege(t *testing.T) {
 		viewer + " lacks",
 		"cannot patch kubeadmcontrolplanes.controlplane.cluster.x-k8s.io in namespace default",
 		"cannot create machines.cluster.x-k8s.io in namespace default",
+		"cannot list kubeadmconfigs.bootstrap.cluster.x-k8s.io in namespace default",
 		"cannot delete genericinfrastructuremachines.infrastructure.cluster.x-k8s.io in namespace default",
 		"cannot update leases.coordination.k8s.io cp-rollout-demo in namespace default",
 		"cannot get secrets demo-kubeconfig in namespace default",
@@ -193,7 +196,6 @@ func TestLeastPrivilege(t *testing.T) {
 		{identity: viewer, use: rbac.View, unexercised: map[string]string{
 			// A snapshot lists them; each is read on its own only when the
 			// list did not return it (controlplane oneRead).
-			"get kubeadmconfigs.bootstrap.cluster.x-k8s.io":                     "a KubeadmConfig without the cluster-name label",
 			"get genericinfrastructuremachines.infrastructure.cluster.x-k8s.io": "an InfraMachine without the cluster-name label",
 			"get clusterclasses.cluster.x-k8s.io":                               "a topology cluster's upgrade across minors (TestClusterClassUpgradeThroughTwoMinors)",
 		}},
@@ -203,7 +205,6 @@ func TestLeastPrivilege(t *testing.T) {
 			"create machines.cluster.x-k8s.io":                                     "server-side apply creating a Machine",
 			"create kubeadmconfigs.bootstrap.cluster.x-k8s.io":                     "server-side apply creating a KubeadmConfig",
 			"create genericinfrastructuremachines.infrastructure.cluster.x-k8s.io": "server-side apply creating an InfraMachine",
-			"get machines.cluster.x-k8s.io":                                        "a Machine apply whose answer was lost (CreateReplacement)",
 			"delete kubeadmconfigs.bootstrap.cluster.x-k8s.io":                     "pieces a killed run left behind (TestKillBeforeMachineCreate)",
 			"delete genericinfrastructuremachines.infrastructure.cluster.x-k8s.io": "pieces a killed run left behind (TestKillBeforeMachineCreate)",
 			// This scenario's cluster has no ClusterClass topology.
@@ -221,6 +222,16 @@ func TestLeastPrivilege(t *testing.T) {
 		}},
 	} {
 		granted := grantedBy(t, c.use)
+		// KubeadmConfigs hold the node-join token: the viewer is neither
+		// granted them nor sends a request for one, refused or not
+		// (controlplane asks whether it may first).
+		if c.use.Name == rbac.View.Name {
+			for p := range granted {
+				if strings.Contains(p, "kubeadmconfigs") {
+					t.Errorf("%s grants %q: a KubeadmConfig holds its machine's node-join token", c.use.Name, p)
+				}
+			}
+		}
 		for p := range used[c.identity] {
 			if !granted[p] {
 				t.Errorf("%s used %q, which %s does not grant", c.identity, p, c.use.Name)
@@ -248,12 +259,14 @@ func TestLeastPrivilege(t *testing.T) {
 
 // bind grants a use's roles to the ServiceAccount user, as `kubectl
 // cp-rollout rbac demo --serviceaccount` does: the ClusterRole cluster-wide,
-// the cluster's Role in its namespace.
+// the cluster's Role in its namespace. The ClusterRoleBinding is named after
+// the ServiceAccount and its namespace, as simulators may share a management
+// cluster.
 func bind(t *testing.T, e *env, use rbac.Use, user string) {
 	t.Helper()
 	ctx := context.Background()
 	c := e.Sim.ManagementClient()
-	role, err := use.Role("default", "demo")
+	role, err := use.Role(e.Sim.ClusterKey().Namespace, e.Sim.ClusterKey().Name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +279,7 @@ func bind(t *testing.T, e *env, use rbac.Use, user string) {
 	subjects := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: parts[2], Name: parts[3]}}
 	for _, binding := range []client.Object{
 		&rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: parts[3]},
+			ObjectMeta: metav1.ObjectMeta{Name: parts[2] + "-" + parts[3]},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: use.Name},
 			Subjects:   subjects,
 		},
