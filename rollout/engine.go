@@ -35,7 +35,11 @@ import (
 )
 
 // ControlPlane is what the engine reads and writes on the management cluster,
-// role by role; *controlplane.Client provides all of it.
+// role by role; *controlplane.Client provides all of it. The Engine holds
+// the whole, as it plays every role; a function that needs one role takes
+// that role (viaOf a Topology, withSpec a Reader, orLockedOut a
+// ClusterLock), and a test fakes the roles it is about (loop_test.go's
+// roles joins one fake per role).
 type ControlPlane interface {
 	Reader
 	Machines
@@ -198,7 +202,8 @@ type Audit interface {
 	Warn(action, reason, note string, regarding ...client.Object)
 }
 
-// Lock is the run's hold on the cluster; *runlock.Lock provides it.
+// Lock is the run's hold on the cluster; *runlock.Lock provides it. It is
+// passed to what runs under it (holding, Converge), never kept.
 type Lock interface {
 	// Held fails once the lock is lost or about to be.
 	Held() error
@@ -216,58 +221,44 @@ type Engine struct {
 	Cache    *Cache
 	Reporter progress.Reporter
 	// Audit may be nil: a failed run then writes no Events of its own.
-	Audit Audit
-	// Lock, when set, is the run's Lease: every step first checks it is held.
-	Lock     Lock
+	Audit    Audit
 	Timeouts Timeouts
 	// Requests, when set, counts the run's round trips for its summary.
 	Requests func() progress.Requests
 
-	// What follows is the run's memory across snapshots, each the run's own
-	// account of what it did: no snapshot is kept here; each decision is
-	// taken on the snapshot passed to it.
+	// What follows is the engine's memory across snapshots, its own account
+	// of what it did and saw: no snapshot is kept here; each decision is
+	// taken on the snapshot passed to it. What one loop remembers between
+	// its turns is the loop's (see loop).
 	steps stepLog
 	// seenHealthy names the machines this engine has read healthy.
 	seenHealthy map[string]bool
-	// leaderRetries counts how often the member being removed won leadership
-	// back (see serveCleanupHook).
-	leaderRetries int
-	// synced is the reason of the sync step just taken, until another step
-	// is (syncMachines).
-	synced string
 }
 
 // Read takes one live snapshot: management cluster first, then the workload
-// nodes of its machines, then etcd through those nodes.
+// nodes of its machines, then etcd through those nodes. It checks nothing
+// and retries nothing: a run's loop reads through readOurs.
 func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
-	return e.readFrom(ctx, e.ControlPlane, e.Workload, false, nil)
+	return e.snapshot(ctx, e.ControlPlane, e.Workload, false, nil)
 }
 
-// ReadFirst is Read for a verb's first look (Prepare, status) on cp, the
-// control plane as connecting read it a moment ago, rather than a second
-// read of it; the workload cluster and etcd are read now. With cp nil it is
-// Read. Nothing that changes the cluster is decided on it: every step reads
-// live again.
-func (e *Engine) ReadFirst(ctx context.Context, cp *kcpstate.ControlPlane) (*Snapshot, error) {
+// SnapshotOf completes cp, the control plane as connecting read it a moment
+// ago, into a snapshot for a verb's first look (Prepare, status) rather than
+// read it again: the workload cluster and etcd are read now. With cp nil it
+// is Read. Nothing that changes the cluster is decided on it: every step
+// reads live again.
+func (e *Engine) SnapshotOf(ctx context.Context, cp *kcpstate.ControlPlane) (*Snapshot, error) {
 	if cp == nil {
 		return e.Read(ctx)
 	}
-	return e.readFrom(ctx, readFunc(func(context.Context) (*kcpstate.ControlPlane, error) { return cp, nil }), e.Workload, false, nil)
+	return e.snapshot(ctx, readFunc(func(context.Context) (*kcpstate.ControlPlane, error) { return cp, nil }), e.Workload, false, nil)
 }
 
-// readCached takes a snapshot from the watches' caches, with etcd read live
-// unless prev, the snapshot before it, read it less than etcdPoll ago; a
-// live one without a cache.
-func (e *Engine) readCached(ctx context.Context, prev *Snapshot) (*Snapshot, error) {
-	if e.Cache == nil {
-		return e.Read(ctx)
-	}
-	return e.readFrom(ctx, e.Cache.ControlPlane, e.Cache.Workload, true, prev)
-}
-
-// readFrom reads a snapshot through src and nodes, from the caches or live;
-// a cached read may take the etcd members of prev, the snapshot before it.
-func (e *Engine) readFrom(ctx context.Context, src Source, nodes nodeReader, cached bool, prev *Snapshot) (*Snapshot, error) {
+// snapshot is every read's one way to a snapshot: the management cluster
+// through src, the nodes through nodes, then etcd; from the caches (cached)
+// or live. A cached one may take the etcd members of prev, the snapshot
+// before it.
+func (e *Engine) snapshot(ctx context.Context, src Source, nodes nodeReader, cached bool, prev *Snapshot) (*Snapshot, error) {
 	cp, err := src.Read(ctx)
 	if err != nil {
 		return nil, err
@@ -310,7 +301,7 @@ func (e *Engine) etcdMembers(ctx context.Context, s, prev *Snapshot) ([]etcd.Mem
 		}
 		// A wait's read does not sit out etcd's retries: a member that does
 		// not answer soon fails it, and the live read that follows (see
-		// readWith) finds the cause, or waits for etcd with its full limits.
+		// readOurs) finds the cause, or waits for etcd with its full limits.
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cachedEtcdLimit)
 		defer cancel()

@@ -51,11 +51,16 @@ type Aftermath struct {
 	KCP    string
 	Hint   string
 	// HandedBack, when the control plane was handed back after the failure,
-	// says what that did and what KCP will do now.
-	HandedBack []string
+	// is what that did and what KCP will do now.
+	HandedBack *HandedBack
 	// Stayed says why a hand-back that was asked for was not made.
 	Stayed string
 }
+
+// StayPaused is the action of the Warning Events that say a failed run's
+// pause stays (reason PausedAfterFailure). It names no step: no progress
+// event carries it.
+const StayPaused Action = "stay-paused"
 
 // afterFailureLimit bounds what a failed run still does on its way out:
 // read, take the lock again, record the failure or hand back.
@@ -85,7 +90,7 @@ func (e *Engine) AfterFailure(ctx context.Context, r Request, runErr error, hand
 		return Aftermath{}
 	}
 	rec, err := record.Of(kcp)
-	if err != nil || rec == nil || !annotations.HasPaused(kcp) || rec.Operation != r.Operation || rec.Target != r.TargetString() {
+	if err != nil || rec == nil || !annotations.HasPaused(kcp) || rec.Operation != string(r.Operation) || rec.Target != r.TargetString() {
 		return Aftermath{}
 	}
 	operation := rec.Operation + " to " + rec.Target
@@ -105,14 +110,14 @@ func (e *Engine) AfterFailure(ctx context.Context, r Request, runErr error, hand
 	}
 	e.recordFailure(ctx, record.Failure{Reason: runErr.Error(), Time: time.Now(), ExitCode: code})
 	if e.Audit != nil {
-		e.Audit.Warn("stay-paused", "PausedAfterFailure", failureNote(operation, code, runErr, a.Hint), cluster, kcp)
+		e.Audit.Warn(string(StayPaused), "PausedAfterFailure", failureNote(operation, code, runErr, a.Hint), cluster, kcp)
 	}
 	return a
 }
 
 // handBackAfterFailure hands the control plane back unless a machine is in
 // flight; it returns what the hand-back did, or why it was not made.
-func (e *Engine) handBackAfterFailure(ctx context.Context, operation string, code int) (done []string, stayed string) {
+func (e *Engine) handBackAfterFailure(ctx context.Context, operation string, code int) (done *HandedBack, stayed string) {
 	s, err := e.Read(ctx)
 	if err != nil {
 		return nil, "what is in flight could not be read: " + err.Error()
@@ -135,7 +140,7 @@ func (e *Engine) handBackAfterFailure(ctx context.Context, operation string, cod
 // write to the KubeadmControlPlane is made; a record it cannot write is said
 // and left as it was.
 func (e *Engine) recordFailure(ctx context.Context, f record.Failure) {
-	err := e.holding(ctx, func(ctx context.Context) error {
+	err := e.holding(ctx, func(ctx context.Context, _ Lock) error {
 		_, kcp, err := e.ControlPlane.ReadKCP(ctx)
 		if err != nil {
 			return err

@@ -50,23 +50,6 @@ func TestInFlight(t *testing.T) {
 	}
 }
 
-// failing is a control plane a run failed on: handback takes a real lock
-// over a fake management cluster, and the failure record and the Warning
-// Events are kept for the test to look at.
-type failing struct {
-	*handbackLocked
-	recorded []record.Failure
-	// lockedWhileRecording: the record was written under the run's lock.
-	lockedWhileRecording bool
-}
-
-func (f *failing) RecordFailure(ctx context.Context, _ *controlplanev1.KubeadmControlPlane, failure record.Failure) error {
-	lease, _ := f.lease.Lease(ctx)
-	f.lockedWhileRecording = lease != nil && runlock.Holder(lease) != ""
-	f.recorded = append(f.recorded, failure)
-	return nil
-}
-
 type warning struct {
 	action, reason, note string
 	regarding            []string
@@ -87,11 +70,11 @@ func (w *warnings) Warn(action, reason, note string, regarding ...client.Object)
 	*w = append(*w, warning{action, reason, note, names})
 }
 
-func failedOn(w *Snapshot) (*Engine, *failing, *warnings) {
-	s := newScripted(w)
-	f := &failing{handbackLocked: &handbackLocked{scripted: s, lease: newFakeLease()}}
-	e, _ := engineFor(s, fast)
-	e.ControlPlane = f
+// failedOn is an engine on w that a run failed on: handback takes a real
+// lock over a fake management cluster, and the failure record and the
+// Warning Events are kept for the test to look at.
+func failedOn(w *Snapshot) (*Engine, *handingBack, *warnings) {
+	e, f := handingBackOn(newScripted(w), newFakeLease())
 	warned := &warnings{}
 	e.Audit = warned
 	return e, f, warned
@@ -142,11 +125,11 @@ func TestAfterFailureExplainsThePause(t *testing.T) {
 func TestAfterFailureHandsBackWithNothingInFlight(t *testing.T) {
 	e, f, warned := failedOn(pausedByUs(world(machineSpec{outdated: true}, machineSpec{}, machineSpec{})))
 	a := e.AfterFailure(context.Background(), upgrade, exitcode.Timeoutf("machine m1 did not become healthy within 1m0s"), true)
-	if !f.resumed || len(a.HandedBack) == 0 || a.Paused || a.Stayed != "" {
+	if !f.resumed || a.HandedBack == nil || a.Paused || a.Stayed != "" {
 		t.Fatalf("aftermath %+v, resumed %v: want handed back", a, f.resumed)
 	}
-	if !strings.Contains(strings.Join(a.HandedBack, "\n"), "KCP will now roll out 1 outdated machine(s) (m0)") {
-		t.Errorf("handback says %q, want what KCP will do now", a.HandedBack)
+	if !strings.Contains(strings.Join(a.HandedBack.Lines(), "\n"), "KCP will now roll out 1 outdated machine(s) (m0)") {
+		t.Errorf("handback says %q, want what KCP will do now", a.HandedBack.Lines())
 	}
 	if len(f.recorded) != 0 || len(*warned) != 0 {
 		t.Errorf("recorded %+v and warned %+v about a pause that was handed back", f.recorded, *warned)
@@ -247,7 +230,7 @@ func TestStatusShowsTheLastFailure(t *testing.T) {
 func TestAfterFailureHandsBackHalfWayThroughADeletion(t *testing.T) {
 	e, f, _ := failedOn(pausedByUs(world(machineSpec{outdated: true, deleting: true, preTermOK: true, unhealthy: true}, machineSpec{unhealthy: true}, machineSpec{})))
 	a := e.AfterFailure(context.Background(), upgrade, exitcode.Unsafef("not releasing machine m0"), true)
-	if !f.resumed || len(a.HandedBack) == 0 || a.Paused {
+	if !f.resumed || a.HandedBack == nil || a.Paused {
 		t.Fatalf("aftermath %+v, resumed %v: want handed back with m0 deleting", a, f.resumed)
 	}
 }

@@ -928,11 +928,11 @@ func CheckState(s *Snapshot, r Request) error {
 	if err != nil {
 		return err
 	}
-	if rec != nil && rec.Operation != record.PauseOperation && (rec.Operation != r.Operation || rec.Target != r.TargetString()) {
+	if rec != nil && rec.Operation != record.PauseOperation && (rec.Operation != string(r.Operation) || rec.Target != r.TargetString()) {
 		return exitcode.Unsafef("KubeadmControlPlane %s holds an unfinished operation: %s; re-run that command to finish it, or `kubectl cp-rollout handback %s` to give control back to KCP",
 			s.CP.KCP.Name, rec, s.CP.Cluster.Name)
 	}
-	if r.Operation == "rollout" && rec == nil {
+	if r.Operation == RolloutOperation && rec == nil {
 		return KCPRollingOut(s)
 	}
 	return nil

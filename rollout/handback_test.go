@@ -3,6 +3,7 @@ package rollout
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,37 +19,68 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/pkg/runlock"
+	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
-// handbackRace is a control plane whose lock, free when handback looks, is
-// taken by a run that starts right after.
-type handbackRace struct {
-	*scripted
-	resumed bool
-}
+// takenLock is the ClusterLock role of a cluster whose lock, free when
+// handback looks, is taken by a run that starts right after.
+type takenLock struct{ ClusterLock }
 
-func (h *handbackRace) BreakLock(context.Context, bool, func(*coordinationv1.Lease)) (string, error) {
+func (takenLock) BreakLock(context.Context, bool, func(*coordinationv1.Lease)) (string, error) {
 	return "", nil
 }
 
-func (h *handbackRace) Acquire(context.Context, string, func(*coordinationv1.Lease)) (*runlock.Lock, error) {
+func (takenLock) Acquire(context.Context, string, func(*coordinationv1.Lease)) (*runlock.Lock, error) {
 	return nil, exitcode.Lockedf("cluster default/demo is locked by bob@host/pid-2-abcde, which still renews it")
 }
 
-func (h *handbackRace) Resume(context.Context, *controlplanev1.KubeadmControlPlane) error {
+// handingBack is the HandOver role of a control plane handed back: it
+// records the unpause on f, and a failure recorded under the lock of lease.
+type handingBack struct {
+	HandOver
+	f     *scripted
+	lease *fakeLease
+	// resumed: the KubeadmControlPlane was unpaused.
+	resumed  bool
+	recorded []record.Failure
+	// lockedWhileRecording: the record was written under the run's lock.
+	lockedWhileRecording bool
+}
+
+func (h *handingBack) Resume(context.Context, *controlplanev1.KubeadmControlPlane) error {
 	h.resumed = true
+	h.f.record("resume")
 	return nil
+}
+
+func (h *handingBack) RecordFailure(ctx context.Context, _ *controlplanev1.KubeadmControlPlane, failure record.Failure) error {
+	lease, _ := h.lease.Lease(ctx)
+	h.lockedWhileRecording = lease != nil && runlock.Holder(lease) != ""
+	h.recorded = append(h.recorded, failure)
+	return nil
+}
+
+// handingBackOn is an engine on f whose lock is lock and whose HandOver
+// role is handingBack's, which it returns.
+func handingBackOn(f *scripted, lock ClusterLock) (*Engine, *handingBack) {
+	h := &handingBack{f: f}
+	if l, ok := lock.(*fakeLease); ok {
+		h.lease = l
+	}
+	cp := f.roles()
+	cp.ClusterLock, cp.HandOver = lock, h
+	e, _ := engineFor(f, fast)
+	e.ControlPlane = cp
+	return e, h
 }
 
 // TestHandbackUnpausesOnlyUnderTheLock: a run that takes the lock between
 // handback's look and its unpause is not unpaused under its feet: handback
 // exits 5 naming it and leaves the KCP paused.
 func TestHandbackUnpausesOnlyUnderTheLock(t *testing.T) {
-	w := pausedByUs(world(machineSpec{}))
-	h := &handbackRace{scripted: newScripted(w)}
-	e, _ := engineFor(h.scripted, fast)
-	e.ControlPlane = h
+	e, h := handingBackOn(newScripted(pausedByUs(world(machineSpec{}))), takenLock{})
 	_, err := e.Handback(context.Background(), false)
 	if exitcode.Of(err) != exitcode.Locked || !strings.Contains(err.Error(), "bob@host") {
 		t.Errorf("handback while another run took the lock: %v, want exit 5 naming it", err)
@@ -58,17 +90,13 @@ func TestHandbackUnpausesOnlyUnderTheLock(t *testing.T) {
 	}
 }
 
-// handbackLocked is a control plane whose lock handback takes: a real Lock
-// over a fake management cluster.
-type handbackLocked struct {
-	*scripted
-	lease   *fakeLease
-	resumed bool
+// fakeLease is the ClusterLock role of a fake management cluster whose
+// Lease is free until a run takes it: Acquire hands out a real runlock.Lock
+// over it.
+type fakeLease struct {
+	ClusterLock
+	c client.Client
 }
-
-// fakeLease is the cluster's Lease on a fake management cluster, free until
-// a run takes it: Acquire hands out a real runlock.Lock over it.
-type fakeLease struct{ c client.Client }
 
 func newFakeLease() *fakeLease { return &fakeLease{c: fake.NewClientBuilder().Build()} }
 
@@ -96,18 +124,9 @@ func (l *fakeLease) Lease(ctx context.Context) (*coordinationv1.Lease, error) {
 	return lease, nil
 }
 
-func (h *handbackLocked) BreakLock(context.Context, bool, func(*coordinationv1.Lease)) (string, error) {
+// BreakLock finds no stale lock to break.
+func (l *fakeLease) BreakLock(context.Context, bool, func(*coordinationv1.Lease)) (string, error) {
 	return "", nil
-}
-
-func (h *handbackLocked) Acquire(ctx context.Context, holder string, waiting func(*coordinationv1.Lease)) (*runlock.Lock, error) {
-	return h.lease.Acquire(ctx, holder, waiting)
-}
-
-func (h *handbackLocked) Resume(context.Context, *controlplanev1.KubeadmControlPlane) error {
-	h.resumed = true
-	h.record("resume")
-	return nil
 }
 
 // TestHandbackGivesBackLeftCordons: a node an earlier run cordoned and never
@@ -119,12 +138,13 @@ func TestHandbackGivesBackLeftCordons(t *testing.T) {
 	w := pausedByUs(world(machineSpec{outdated: true, deleting: true}, machineSpec{}, machineSpec{}))
 	f := newScripted(w)
 	f.cordoned = []string{"n0", "n1"}
-	h := &handbackLocked{scripted: f, lease: newFakeLease()}
-	e, _ := engineFor(f, fast)
-	e.ControlPlane = h
+	e, h := handingBackOn(f, newFakeLease())
 	done, err := e.Handback(context.Background(), false)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !slices.Equal(done.Uncordoned, []string{"n1"}) {
+		t.Errorf("uncordoned %v, want n1", done.Uncordoned)
 	}
 	if !h.resumed {
 		t.Error("the KCP was not unpaused")
@@ -132,8 +152,8 @@ func TestHandbackGivesBackLeftCordons(t *testing.T) {
 	if got := strings.Join(f.calls, ", "); got != "uncordon n1, resume" {
 		t.Errorf("calls %q, want n1 alone uncordoned (n0's machine is being deleted), before KCP is unpaused", got)
 	}
-	if !strings.Contains(strings.Join(done, "\n"), "uncordoned node(s) n1") {
-		t.Errorf("handback says %q, want the uncordon named", done)
+	if !strings.Contains(strings.Join(done.Lines(), "\n"), "uncordoned node(s) n1") {
+		t.Errorf("handback says %q, want the uncordon named", done.Lines())
 	}
 	if lease, _ := h.lease.Lease(context.Background()); lease != nil {
 		t.Errorf("the lock handback took was not released: %s", runlock.Holder(lease))
@@ -160,9 +180,9 @@ func TestResumedRunWaitsForKCPToReportPaused(t *testing.T) {
 			if tc.reported {
 				conditions.Set(w.CP.KCP, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionTrue, Reason: clusterv1.PausedReason})
 			}
-			h := &handover{scripted: newScripted(w), setTargetErr: stop, awaitPausedErr: tc.neverPaused}
-			e := &Engine{ControlPlane: h, Workload: h, Etcd: h, Changes: h, Timeouts: fast}
-			_, err := e.takeOver(context.Background(), Request{Operation: "upgrade", Version: "v1.36.3"}, "v1.36.3")
+			f := newScripted(w)
+			e := engineWithHandover(f, &handover{setTargetErr: stop, awaitPausedErr: tc.neverPaused})
+			_, err := e.takeOver(context.Background(), nil, Request{Operation: "upgrade", Version: "v1.36.3"}, "v1.36.3")
 			want := stop
 			if tc.neverPaused != nil {
 				want = tc.neverPaused
@@ -170,9 +190,34 @@ func TestResumedRunWaitsForKCPToReportPaused(t *testing.T) {
 			if !errors.Is(err, want) {
 				t.Fatalf("got %v, want %v", err, want)
 			}
-			if got := strings.Join(h.calls, ", "); got != tc.calls {
+			if got := strings.Join(f.calls, ", "); got != tc.calls {
 				t.Fatalf("calls %s, want %s", got, tc.calls)
 			}
 		})
+	}
+}
+
+// TestHandedBackLines: what Handback did, in the sentences the handback verb
+// prints.
+func TestHandedBackLines(t *testing.T) {
+	rec := &record.Record{Operation: "upgrade", Target: "v1.36.3", Who: "alice@ops/pid-1", Started: time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)}
+	h := &HandedBack{KCP: "demo-cp", LockBrokenFrom: "bob@ops/pid-2", Uncordoned: []string{"n1", "n2"}, UncordonFailed: errors.New("connection refused"),
+		Record: rec, KCPWillDo: []string{"scale from 2 to 3 machines", "finish deleting m0"}}
+	want := []string{
+		"released the lock held by bob@ops/pid-2",
+		"uncordoned node(s) n1, n2, cordoned by a run that stopped before deleting their machines",
+		"nodes an earlier run may have left cordoned were not all given back (connection refused): run handback again once the workload cluster answers, or kubectl uncordon the nodes annotated " + workload.CordonedAnnotation,
+		"unpaused KubeadmControlPlane demo-cp and removed the record of upgrade to v1.36.3 by alice@ops/pid-1, started 2026-12-01T08:00:00Z",
+		"KCP will now scale from 2 to 3 machines, and finish deleting m0",
+	}
+	if got := h.Lines(); !slices.Equal(got, want) {
+		t.Errorf("lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	h.KCPWillDo = nil
+	if got := h.Lines(); got[len(got)-1] != "KCP has nothing to do: every machine is up to date" {
+		t.Errorf("nothing left for KCP: %q", got)
+	}
+	if got := (&HandedBack{KCP: "demo-cp"}).Lines(); !slices.Equal(got, []string{"KubeadmControlPlane demo-cp carries no operation of this tool: nothing to hand back"}) {
+		t.Errorf("no record: %q", got)
 	}
 }

@@ -33,7 +33,7 @@ func (e *Engine) Hold(ctx context.Context, reason string) (*Held, error) {
 			return nil, nil, err
 		}
 		cp := &kcpstate.ControlPlane{Cluster: cluster, KCP: kcp}
-		if err := CheckState(NewSnapshot(cp), Request{Operation: record.PauseOperation}); err != nil {
+		if err := CheckState(NewSnapshot(cp), Request{Operation: PauseOperation}); err != nil {
 			return nil, nil, err
 		}
 		rec, err := record.Of(kcp)
@@ -46,22 +46,19 @@ func (e *Engine) Hold(ctx context.Context, reason string) (*Held, error) {
 	// takes nothing, and a run in flight explains the state best (exit 5).
 	held, _, err := check(ctx)
 	if err != nil {
-		if lock := e.lockedByAnotherRun(ctx); lock != nil {
-			return nil, lock
-		}
-		return nil, err
+		return nil, orLockedOut(ctx, e.ControlPlane, err)
 	}
 	if held != nil {
 		return held, nil
 	}
-	err = e.holding(ctx, func(ctx context.Context) error {
+	err = e.holding(ctx, func(ctx context.Context, _ Lock) error {
 		// Checked again under the lock: a run may have taken the cluster
 		// since the read above.
 		var cp *kcpstate.ControlPlane
 		if held, cp, err = check(ctx); err != nil || held != nil {
 			return err
 		}
-		rec := record.Record{Operation: record.PauseOperation, Who: record.Who(), Started: time.Now().UTC(), Reason: reason}
+		rec := record.Record{Operation: string(PauseOperation), Who: record.Who(), Started: time.Now().UTC(), Reason: reason}
 		if _, err := e.pause(ctx, cp.Cluster, cp.KCP, rec, nil); err != nil {
 			return err
 		}

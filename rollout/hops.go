@@ -48,9 +48,9 @@ func Hops(lowest string, via []string, target string) ([]string, error) {
 	from := lowest
 	for i, v := range versions {
 		if !v.GT(prev) {
-			continue // reached already, or the target against the machines: Desired says what is wrong
+			continue // reached already, or the target against the machines: Desired says what is wrong (a downgrade)
 		}
-		if v.Major != prev.Major || v.Minor > prev.Minor+1 {
+		if skipsMinor(prev, v) {
 			what := chain[i] + " skips a minor version"
 			if i < len(via) {
 				what = "--via " + chain[i] + " skips a minor version"
@@ -60,6 +60,12 @@ func Hops(lowest string, via []string, target string) ([]string, error) {
 		prev, from = v, chain[i]
 	}
 	return chain, nil
+}
+
+// skipsMinor is the one-minor rule of kubeadm and of KCP's admission
+// webhook: to is more than one minor above from, or of another major.
+func skipsMinor(from, to semver.Version) bool {
+	return to.Major != from.Major || to.Minor > from.Minor+1
 }
 
 // between names the minors strictly between from and to, for a message.

@@ -121,10 +121,11 @@ func TestPlanHops(t *testing.T) {
 	}
 }
 
-// classPlan answers ClassUpgradePlan as a ClusterClass declaring versions
-// would; every other method is the nil interface's.
+// classPlan is the Topology role: it answers ClassUpgradePlan as a
+// ClusterClass declaring versions would; every other method is the nil
+// interface's.
 type classPlan struct {
-	ControlPlane
+	Topology
 	plan []string
 	err  error
 }
@@ -137,31 +138,31 @@ func (c classPlan) ClassUpgradePlan(context.Context, *clusterv1.Cluster, string,
 // through the class's plan; --via, or a cluster without a topology, keeps
 // what the request says.
 func TestViaFollowsTheClassPlan(t *testing.T) {
-	e := &Engine{ControlPlane: classPlan{plan: []string{"v1.35.2", "v1.36.3"}}}
+	class := classPlan{plan: []string{"v1.35.2", "v1.36.3"}}
 	s := world(machineSpec{}, machineSpec{})
 	for _, m := range s.CP.Machines {
 		m.Spec.Version = "v1.34.3"
 	}
 	plain := Request{Operation: "upgrade", Version: "v1.36.3"}
-	if via, err := e.via(context.Background(), s, plain); err != nil || via != nil {
+	if via, err := viaOf(context.Background(), class, s, plain); err != nil || via != nil {
 		t.Fatalf("no topology: via %v, %v; want none", via, err)
 	}
 	s.CP.Cluster.Spec.Topology = clusterv1.Topology{ClassRef: clusterv1.ClusterClassRef{Name: "c"}, Version: "v1.34.3"}
-	if via, err := e.via(context.Background(), s, plain); err != nil || strings.Join(via, " ") != "v1.35.2" {
+	if via, err := viaOf(context.Background(), class, s, plain); err != nil || strings.Join(via, " ") != "v1.35.2" {
 		t.Fatalf("class plan: via %v, %v; want v1.35.2", via, err)
 	}
-	oneMinor := &Engine{ControlPlane: classPlan{err: errors.New("the class was read")}}
+	oneMinor := classPlan{err: errors.New("the class was read")}
 	s2 := world(machineSpec{})
 	for _, m := range s2.CP.Machines {
 		m.Spec.Version = "v1.35.2"
 	}
 	s2.CP.Cluster.Spec.Topology = s.CP.Cluster.Spec.Topology
-	if via, err := oneMinor.via(context.Background(), s2, plain); err != nil || via != nil {
+	if via, err := viaOf(context.Background(), oneMinor, s2, plain); err != nil || via != nil {
 		t.Fatalf("one minor up: via %v, %v; want none, the class not consulted", via, err)
 	}
 	given := plain
 	given.Via = []string{"v1.35.0"}
-	if via, err := e.via(context.Background(), s, given); err != nil || strings.Join(via, " ") != "v1.35.0" {
+	if via, err := viaOf(context.Background(), class, s, given); err != nil || strings.Join(via, " ") != "v1.35.0" {
 		t.Fatalf("--via given: via %v, %v; want v1.35.0", via, err)
 	}
 }

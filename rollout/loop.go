@@ -21,8 +21,27 @@ import (
 // it, wait until it is gone. Each turn asks Next for the one step the guards
 // allow, and does it or waits for it. A turn may start on the watches' caches,
 // but only a wait is taken on them: any other step is decided again on a live
-// read first.
-func (e *Engine) Converge(ctx context.Context, t Target) (*Snapshot, error) {
+// read first. lock is the run's hold on the cluster, which every read checks
+// (stillOurs); nil holds nothing, and nothing is then ours to lose.
+func (e *Engine) Converge(ctx context.Context, t Target, lock Lock) (*Snapshot, error) {
+	return (&loop{Engine: e, lock: lock}).converge(ctx, t)
+}
+
+// loop is one Converge: the lock it runs under and what it remembers from
+// one turn to the next, its own account of its steps — never a snapshot.
+// Its methods name it e, as the Engine's do: it is the engine, converging.
+type loop struct {
+	*Engine
+	lock Lock
+	// synced is the reason of the sync step just taken, until another step
+	// is taken (syncMachines).
+	synced string
+	// leaderRetries counts how often the member being removed won
+	// leadership back (dropMember).
+	leaderRetries int
+}
+
+func (e *loop) converge(ctx context.Context, t Target) (*Snapshot, error) {
 	// ended is the live snapshot the last step, a wait, ended on; prev the
 	// one the last turn decided on, whose etcd read a cached one may take.
 	var ended, prev *Snapshot
@@ -39,7 +58,7 @@ func (e *Engine) Converge(ctx context.Context, t Target) (*Snapshot, error) {
 			next = Next(ctx, s, t)
 		}
 		if s.cached && !waits(next) {
-			if s, err = e.read(ctx); err != nil {
+			if s, err = e.readOursLive(ctx); err != nil {
 				return nil, err
 			}
 			next = Next(ctx, s, t)
@@ -92,14 +111,14 @@ func waits(next Step) bool {
 // trip to every reaction. The first turn (no prev) reads live: it follows no
 // step of the loop's, so its next step is as likely to act as to wait, and
 // a step that acts needs the live read anyway.
-func (e *Engine) takeOrRead(ctx context.Context, ended, prev *Snapshot) (*Snapshot, error) {
+func (e *loop) takeOrRead(ctx context.Context, ended, prev *Snapshot) (*Snapshot, error) {
 	switch {
 	case ended != nil:
 		return ended, nil
 	case prev == nil:
-		return e.read(ctx)
+		return e.readOursLive(ctx)
 	}
-	return e.readWith(ctx, true, prev)
+	return e.readOurs(ctx, true, prev)
 }
 
 // catchUpLimit bounds how long the turn after a step waits for the caches to
@@ -112,29 +131,30 @@ const catchUpLimit = 500 * time.Millisecond
 // moments. It reads the caches again at their next change, up to
 // catchUpLimit, instead of reading live at once; the loop still reads live
 // before any step that is not a wait.
-func (e *Engine) catchUp(ctx context.Context, s *Snapshot) (*Snapshot, error) {
+func (e *loop) catchUp(ctx context.Context, s *Snapshot) (*Snapshot, error) {
 	if !e.waitForChange(ctx, catchUpLimit) {
 		return s, nil
 	}
-	return e.readWith(ctx, true, s)
+	return e.readOurs(ctx, true, s)
 }
 
-// read takes a live snapshot (see readWith).
-func (e *Engine) read(ctx context.Context) (*Snapshot, error) {
-	return e.readWith(ctx, false, nil)
+// readOursLive takes a live snapshot of the control plane while it is still
+// ours (readOurs).
+func (e *loop) readOursLive(ctx context.Context) (*Snapshot, error) {
+	return e.readOurs(ctx, false, nil)
 }
 
-// readWith takes a snapshot, from the caches or live, and checks that the
-// control plane is still in this run's hands. A cached read that fails, or
+// readOurs takes a snapshot, from the watches' caches or live, of the
+// control plane while it is still in this run's hands. A cached read (the
+// caches, with etcd read live unless prev, the snapshot before it, read it
+// less than etcdPoll ago; live without caches) that fails, or
 // finds the control plane no longer ours, is taken again live: the caches may
 // not show the hand-over's writes yet, and the live read finds and reports
 // what stops the reads, as every read did before there were caches. Clusters
 // that cannot be read (an API server restarting, etcd unreachable) are read
 // again on every change or second, up to the health timeout; an untrusted
 // etcd is refused at once.
-//
-// A cached read may take the etcd members of prev, the snapshot before it.
-func (e *Engine) readWith(ctx context.Context, cached bool, prev *Snapshot) (*Snapshot, error) {
+func (e *loop) readOurs(ctx context.Context, cached bool, prev *Snapshot) (*Snapshot, error) {
 	var w wait
 	for {
 		if err := ctx.Err(); err != nil {
@@ -142,13 +162,13 @@ func (e *Engine) readWith(ctx context.Context, cached bool, prev *Snapshot) (*Sn
 		}
 		var s *Snapshot
 		var err error
-		if cached {
-			s, err = e.readCached(ctx, prev)
+		if cached && e.Cache != nil {
+			s, err = e.snapshot(ctx, e.Cache.ControlPlane, e.Cache.Workload, true, prev)
 		} else {
 			s, err = e.Read(ctx)
 		}
 		if err == nil {
-			err = e.stillOurs(s)
+			err = stillOurs(e.lock, s)
 			if err == nil {
 				return s, nil
 			}
@@ -177,13 +197,13 @@ func (e *Engine) readWith(ctx context.Context, cached bool, prev *Snapshot) (*Sn
 }
 
 // stillOurs stops the run when the control plane is no longer in its hands:
-// the lock is lost or about to be, or the KubeadmControlPlane lost the pause
-// or our record. Without a lock (plan, status) nothing is ours to lose.
-func (e *Engine) stillOurs(s *Snapshot) error {
-	if e.Lock == nil {
+// lock is lost or about to be, or the KubeadmControlPlane lost the pause or
+// our record. Without a lock nothing is ours to lose.
+func stillOurs(lock Lock, s *Snapshot) error {
+	if lock == nil {
 		return nil
 	}
-	if err := e.Lock.Held(); err != nil {
+	if err := lock.Held(); err != nil {
 		return err
 	}
 	return StillOurs(s)
@@ -192,7 +212,7 @@ func (e *Engine) stillOurs(s *Snapshot) error {
 // refuse stops the run on a state no step may be taken in. A machine that was
 // healthy and went bad may recover by itself (a failed probe, a restarting
 // static pod): that is waited on for the Recovery timeout first.
-func (e *Engine) refuse(ctx context.Context, t Target, s *Snapshot, next Step) (ended *Snapshot, err error) {
+func (e *loop) refuse(ctx context.Context, t Target, s *Snapshot, next Step) (ended *Snapshot, err error) {
 	if !next.Transient {
 		st := e.begin(Refuse, machineName(next.Machine), next.Reason)
 		defer st.end(&err)
@@ -210,13 +230,14 @@ func (e *Engine) refuse(ctx context.Context, t Target, s *Snapshot, next Step) (
 // createReplacement creates one machine as KCP would, in the failure domain
 // Next chose.
 func (e *Engine) createReplacement(ctx context.Context, s *Snapshot, next Step) (err error) {
-	e.countMachineStep(false)
+	e.steps.beginMachineStep(false)
 	st := e.begin(Create, "", next.Reason)
 	defer st.end(&err)
 	m, err := e.ControlPlane.CreateReplacement(ctx, s.CP, next.FailureDomain)
 	if err != nil {
 		return err
 	}
+	e.steps.made(false)
 	st.machine = m.Name
 	// The new machine carries the remediation on (KCP's desired state copies
 	// it into its remediation-for annotation); as KCP's createMachine does,
@@ -234,7 +255,7 @@ func (e *Engine) createReplacement(ctx context.Context, s *Snapshot, next Step) 
 // static pods, a named and promoted etcd member — then settles if asked to.
 // It returns the live snapshot the wait ended on, or nil after settling (it
 // is stale by then).
-func (e *Engine) awaitJoin(ctx context.Context, t Target, s *Snapshot, next Step) (*Snapshot, error) {
+func (e *loop) awaitJoin(ctx context.Context, t Target, s *Snapshot, next Step) (*Snapshot, error) {
 	ended, err := e.awaitHealthy(ctx, t, s, next)
 	if err != nil || e.Timeouts.Settle <= 0 {
 		return ended, err
@@ -242,7 +263,7 @@ func (e *Engine) awaitJoin(ctx context.Context, t Target, s *Snapshot, next Step
 	return nil, e.settle(ctx)
 }
 
-func (e *Engine) awaitHealthy(ctx context.Context, t Target, s *Snapshot, next Step) (ended *Snapshot, err error) {
+func (e *loop) awaitHealthy(ctx context.Context, t Target, s *Snapshot, next Step) (ended *Snapshot, err error) {
 	m := next.Machine
 	st := e.begin(AwaitJoin, m.Name, "waiting for machine "+m.Name+" to join and be healthy")
 	defer st.end(&err)
@@ -268,11 +289,11 @@ func (e *Engine) settle(ctx context.Context) (err error) {
 // A drain that evicted pods may have waited a minute for them: the deletion is
 // then decided again on a live read, as every step is, and leadership is
 // forwarded from what that read shows. A deletion the guards no longer allow
-// is not made (the node is given back) and the loop decides afresh.
-func (e *Engine) deleteVictim(ctx context.Context, t Target, s *Snapshot, next Step) (err error) {
+// is not made (the node is given back) and the loop decides afresh; the
+// machine step it began stays in progress for the deletion decided next.
+func (e *loop) deleteVictim(ctx context.Context, t Target, s *Snapshot, next Step) (err error) {
 	m := next.Machine
-	machine, created, deleted := e.steps.machine, e.steps.created, e.steps.deleted
-	e.countMachineStep(true)
+	e.steps.beginMachineStep(true)
 	if err := e.ControlPlane.EnsureCleanupHook(ctx, m); err != nil {
 		return err
 	}
@@ -289,13 +310,11 @@ func (e *Engine) deleteVictim(ctx context.Context, t Target, s *Snapshot, next S
 		return err
 	}
 	if drained.Cordoned || len(drained.Evicted) > 0 {
-		if s, err = e.read(ctx); err != nil {
+		if s, err = e.readOursLive(ctx); err != nil {
 			return err
 		}
 		if again := Next(ctx, s, t); again.Action != Delete || again.Machine.Name != m.Name {
-			// Not this machine after all: its step counts when it is taken.
-			e.steps.machine, e.steps.created, e.steps.deleted = machine, created, deleted
-			return nil
+			return nil // not this machine after all
 		}
 	}
 	if leader, ok := MemberOf(s, m); s.EtcdManaged && ok && leader.Leader {
@@ -306,6 +325,7 @@ func (e *Engine) deleteVictim(ctx context.Context, t Target, s *Snapshot, next S
 	if err := e.delete(ctx, m, next.Reason); err != nil {
 		return err
 	}
+	e.steps.made(true)
 	gone = true
 	return e.recordRemediation(ctx, t, s, m)
 }
@@ -339,7 +359,7 @@ func (e *Engine) delete(ctx context.Context, m *clusterv1.Machine, why string) (
 // What stays must keep quorum and a machine with working components first,
 // whatever the etcd mode: Next answers ServeCleanupHook only when it does
 // (SafeToRelease), and waits on it otherwise.
-func (e *Engine) serveCleanupHook(ctx context.Context, s *Snapshot, m *clusterv1.Machine) error {
+func (e *loop) serveCleanupHook(ctx context.Context, s *Snapshot, m *clusterv1.Machine) error {
 	member, ok, err := OwnedMember(s, m)
 	if err != nil {
 		return err
@@ -360,7 +380,7 @@ const maxLeaderRetries = 5
 // removeMember removes m's etcd member once quorum allows, leadership first.
 // It reports false, with no error, when the member won leadership back by
 // election in between (dropMember).
-func (e *Engine) removeMember(ctx context.Context, s *Snapshot, m *clusterv1.Machine, member etcd.Member) (removed bool, err error) {
+func (e *loop) removeMember(ctx context.Context, s *Snapshot, m *clusterv1.Machine, member etcd.Member) (removed bool, err error) {
 	if err := SafeToRemove(s, m); err != nil {
 		return false, err
 	}
@@ -380,7 +400,7 @@ func (e *Engine) removeMember(ctx context.Context, s *Snapshot, m *clusterv1.Mac
 // with no error, when the member leads again (elected in between): the loop
 // reads again and moves leadership once more, a few times at most. whose
 // follows the member's name in an error.
-func (e *Engine) dropMember(ctx context.Context, s *Snapshot, st *step, member etcd.Member, whose string) (removed bool, err error) {
+func (e *loop) dropMember(ctx context.Context, s *Snapshot, st *step, member etcd.Member, whose string) (removed bool, err error) {
 	held, err := e.Etcd.RemoveMember(ctx, EtcdNodes(s), member.ID)
 	st.held = held
 	if err != nil {
@@ -409,7 +429,7 @@ func (e *Engine) dropMember(ctx context.Context, s *Snapshot, st *step, member e
 // (dropMember). Such a member cannot be reached, so it is never healthy, but
 // the others may still follow it: leadership moves off it first. A member
 // elected leader in between is moved off on the next turn.
-func (e *Engine) removeStaleMember(ctx context.Context, s *Snapshot, next Step) (err error) {
+func (e *loop) removeStaleMember(ctx context.Context, s *Snapshot, next Step) (err error) {
 	member := next.Member
 	if member.Leader {
 		if err := e.forwardLeadership(ctx, s, nil, member); err != nil {
@@ -427,7 +447,7 @@ func (e *Engine) removeStaleMember(ctx context.Context, s *Snapshot, next Step) 
 // paused. Next decides it on a live read, as every step that writes: the same
 // drift found again right after a sync means something undoes the writes (a
 // webhook, another controller), and syncing again would only loop.
-func (e *Engine) syncMachines(ctx context.Context, s *Snapshot, next Step) (err error) {
+func (e *loop) syncMachines(ctx context.Context, s *Snapshot, next Step) (err error) {
 	st := e.begin(SyncMachines, machineName(next.Machine), next.Reason)
 	defer st.end(&err)
 	if next.Reason == e.synced {
@@ -460,7 +480,7 @@ func (e *Engine) release(ctx context.Context, m *clusterv1.Machine) (err error) 
 
 // awaitGone waits while a machine deletes: until its pre-terminate stage,
 // when the loop serves the hook, or until it is gone.
-func (e *Engine) awaitGone(ctx context.Context, t Target, s *Snapshot, next Step) (ended *Snapshot, err error) {
+func (e *loop) awaitGone(ctx context.Context, t Target, s *Snapshot, next Step) (ended *Snapshot, err error) {
 	m := next.Machine
 	st := e.begin(AwaitDeletion, m.Name, "waiting for machine "+m.Name+" to be deleted")
 	defer st.end(&err)

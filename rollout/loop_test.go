@@ -40,6 +40,8 @@ import (
 // machine reaches its pre-terminate stage and, once released, is gone.
 //
 // The embedded interfaces stay nil: a method the loop must not call panics.
+// It plays every role of the ControlPlane; a test that fakes one role in
+// another way joins its fake with scripted's others (roles).
 type scripted struct {
 	ControlPlane
 	Workload
@@ -99,6 +101,18 @@ type scripted struct {
 	// What an invariant monitor would see, sampled after every change.
 	maxMachines, minHealthyVoters int
 }
+
+// roles is a ControlPlane joined from one fake per role.
+type roles struct {
+	Reader
+	Machines
+	ClusterLock
+	HandOver
+	Topology
+}
+
+// roles is f playing each role, for a test to replace the one it fakes.
+func (f *scripted) roles() roles { return roles{f, f, f, f, f} }
 
 func newScripted(w *Snapshot) *scripted {
 	f := &scripted{world: w, stuck: map[string]string{}, minHealthyVoters: 1 << 30}
@@ -525,9 +539,15 @@ func pausedByUs(s *Snapshot) *Snapshot {
 
 func converge(t *testing.T, e *Engine, target Target) error {
 	t.Helper()
+	return convergeUnder(t, e, target, nil)
+}
+
+// convergeUnder is converge under lock, as a run converges.
+func convergeUnder(t *testing.T, e *Engine, target Target, lock Lock) error {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, err := e.Converge(ctx, target)
+	_, err := e.Converge(ctx, target, lock)
 	return err
 }
 
@@ -797,6 +817,36 @@ func TestConvergeDrain(t *testing.T) {
 			t.Errorf("%d machine steps counted for 3 replacements", e.steps.machine)
 		}
 	})
+	t.Run("deleting first, a deletion not made leaves its machine step to the next", func(t *testing.T) {
+		f := newScripted(world(old, old, old))
+		f.onDrain = func(w *Snapshot, node string) {
+			if m1, ok := w.CP.Machines["m1"]; ok && node == "n0" {
+				m1 = m1.DeepCopy()
+				m1.Annotations = map[string]string{clusterv1.DeleteMachineAnnotation: ""}
+				w.CP.Machines.Insert(m1)
+			}
+		}
+		e, ev := engineFor(f, fast)
+		if err := converge(t, e, Target{Operation: "upgrade", Replicas: 3, MaxSurge: 0}); err != nil {
+			t.Fatal(err)
+		}
+		if calls := strings.Join(f.calls, ", "); !strings.HasPrefix(calls, "hook m0, drain n0, uncordon n0, hook m1, drain n1, delete m1") {
+			t.Fatalf("calls %s; want n0 given back and m1 deleted first instead", calls)
+		}
+		if drains := ev.of("drain", progress.Started); len(drains) < 2 || drains[0].Step != 1 || drains[1].Step != 1 {
+			t.Fatalf("drain events %+v; want n0's and n1's both in machine step 1", drains)
+		}
+		last := 0
+		for _, st := range ev.all {
+			if st.Step < last {
+				t.Fatalf("%s %s in machine step %d after step %d", st.Action, st.Phase, st.Step, last)
+			}
+			last = st.Step
+		}
+		if e.steps.machine != 3 {
+			t.Errorf("%d machine steps counted for 3 replacements", e.steps.machine)
+		}
+	})
 	t.Run("a deletion that fails gives the node back", func(t *testing.T) {
 		f := newScripted(world(old, old, old))
 		f.deleteFails = 1
@@ -978,8 +1028,7 @@ func TestConvergeStopsWhenNoLongerOurs(t *testing.T) {
 			w.CP.KCP = kcp
 		}
 		e, _ := engineFor(f, fast)
-		e.Lock = &heldLock{}
-		err := converge(t, e, surge1)
+		err := convergeUnder(t, e, surge1, &heldLock{})
 		if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "unpaused") {
 			t.Fatalf("got %v, want a refusal saying the KCP was unpaused", err)
 		}
@@ -991,8 +1040,7 @@ func TestConvergeStopsWhenNoLongerOurs(t *testing.T) {
 		f := newScripted(pausedByUs(world(old, old, old)))
 		delete(f.world.CP.KCP.Annotations, record.Annotation)
 		e, _ := engineFor(f, fast)
-		e.Lock = &heldLock{}
-		if err := converge(t, e, surge1); exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "paused by someone else") {
+		if err := convergeUnder(t, e, surge1, &heldLock{}); exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "paused by someone else") {
 			t.Fatalf("got %v, want a refusal naming the foreign pause", err)
 		}
 		if len(f.calls) != 0 {
@@ -1003,8 +1051,7 @@ func TestConvergeStopsWhenNoLongerOurs(t *testing.T) {
 		f := newScripted(pausedByUs(world(old, old, old)))
 		lost := exitcode.Lockedf("lost the lock")
 		e, _ := engineFor(f, fast)
-		e.Lock = &heldLock{err: lost}
-		if err := converge(t, e, surge1); !errors.Is(err, lost) {
+		if err := convergeUnder(t, e, surge1, &heldLock{err: lost}); !errors.Is(err, lost) {
 			t.Fatalf("got %v, want the lost lock", err)
 		}
 	})
@@ -1031,7 +1078,7 @@ func TestServeCleanupHook(t *testing.T) {
 		f := newScripted(world(atHook))
 		e, _ := engineFor(f, fast)
 		s := f.world.clone()
-		if err := e.serveCleanupHook(context.Background(), s, s.CP.Machines.Oldest()); err != nil {
+		if err := (&loop{Engine: e}).serveCleanupHook(context.Background(), s, s.CP.Machines.Oldest()); err != nil {
 			t.Fatal(err)
 		}
 		if got := strings.Join(f.calls, ", "); got != "release m0" {
@@ -1055,7 +1102,7 @@ func TestServeCleanupHook(t *testing.T) {
 		f := newScripted(world(machineSpec{outdated: true, deleting: true, preTermOK: true, leader: true}, machineSpec{}, machineSpec{}))
 		e, ev := engineFor(f, fast)
 		s := f.world.clone()
-		if err := e.serveCleanupHook(context.Background(), s, s.CP.Machines.Oldest()); err != nil {
+		if err := (&loop{Engine: e}).serveCleanupHook(context.Background(), s, s.CP.Machines.Oldest()); err != nil {
 			t.Fatal(err)
 		}
 		if got := strings.Join(f.calls, ", "); got != "move-leader n0->n2, remove-member n0, release m0" {
@@ -1187,8 +1234,7 @@ func TestConvergeStopsWhenTheClusterIsPaused(t *testing.T) {
 		w.CP.Cluster = cluster
 	}
 	e, _ := engineFor(f, fast)
-	e.Lock = &heldLock{}
-	err := converge(t, e, surge1)
+	err := convergeUnder(t, e, surge1, &heldLock{})
 	if exitcode.Of(err) != exitcode.Unsafe || !strings.Contains(err.Error(), "cluster demo was paused") {
 		t.Fatalf("got %v, want exit 3 naming the paused Cluster", err)
 	}
@@ -1233,48 +1279,57 @@ func TestServeCleanupHookFindsTheNodeByProviderID(t *testing.T) {
 	}
 }
 
-// The scripted control plane's hand-over, for takeOver: the pause is granted
-// at once, and SetTarget answers what setTargetErr says.
+// handover is the HandOver role of f's control plane, for takeOver: the
+// pause is granted at once, and SetTarget answers what setTargetErr says.
 type handover struct {
-	*scripted
+	HandOver       // the nil interface: what is not faked here panics
+	f              *scripted
 	setTargetErr   error
 	awaitPausedErr error
 }
 
+// engineWithHandover is an engine on f whose HandOver role is h.
+func engineWithHandover(f *scripted, h *handover) *Engine {
+	h.f = f
+	cp := f.roles()
+	cp.HandOver = h
+	return &Engine{ControlPlane: cp, Workload: f, Etcd: f, Changes: f, Timeouts: fast}
+}
+
 func (h *handover) Pause(_ context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec record.Record, _ time.Duration, mayTakeOver func(*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane) error) (*controlplanev1.KubeadmControlPlane, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	h.f.mu.Lock()
+	defer h.f.mu.Unlock()
 	if err := mayTakeOver(cluster, kcp); err != nil {
 		return nil, err
 	}
-	h.record("pause")
-	pausedByUs(h.world)
-	return h.world.CP.KCP, nil
+	h.f.record("pause")
+	pausedByUs(h.f.world)
+	return h.f.world.CP.KCP, nil
 }
 
 // AwaitPaused is KCP reporting Paused once asked, unless awaitPausedErr
 // says it never does.
 func (h *handover) AwaitPaused(_ context.Context, kcp *controlplanev1.KubeadmControlPlane, _ time.Duration) (*controlplanev1.KubeadmControlPlane, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.record("await-paused")
+	h.f.mu.Lock()
+	defer h.f.mu.Unlock()
+	h.f.record("await-paused")
 	if h.awaitPausedErr != nil {
 		return nil, h.awaitPausedErr
 	}
-	conditions.Set(h.world.CP.KCP, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionTrue, Reason: clusterv1.PausedReason})
-	return h.world.CP.KCP, nil
+	conditions.Set(h.f.world.CP.KCP, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionTrue, Reason: clusterv1.PausedReason})
+	return h.f.world.CP.KCP, nil
 }
 
 func (h *handover) SetTarget(context.Context, *clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, string, string, *int32, time.Duration) error {
-	h.record("set-target")
+	h.f.record("set-target")
 	return h.setTargetErr
 }
 
 func (h *handover) Resume(context.Context, *controlplanev1.KubeadmControlPlane) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.record("resume")
-	h.world.CP.KCP.Annotations = nil
+	h.f.mu.Lock()
+	defer h.f.mu.Unlock()
+	h.f.record("resume")
+	h.f.world.CP.KCP.Annotations = nil
 	return nil
 }
 
@@ -1291,13 +1346,13 @@ func TestRejectedTargetIsHandedBackAtOnce(t *testing.T) {
 		{"failed otherwise: left paused for a re-run", errors.New("connection reset by peer"), exitcode.Failure, "pause, set-target"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := &handover{scripted: newScripted(world(machineSpec{outdated: true})), setTargetErr: tc.err}
-			e := &Engine{ControlPlane: h, Workload: h, Etcd: h, Changes: h, Timeouts: fast}
-			_, err := e.takeOver(context.Background(), Request{Operation: "upgrade", Version: "v1.36.3"}, "v1.36.3")
+			f := newScripted(world(machineSpec{outdated: true}))
+			e := engineWithHandover(f, &handover{setTargetErr: tc.err})
+			_, err := e.takeOver(context.Background(), nil, Request{Operation: "upgrade", Version: "v1.36.3"}, "v1.36.3")
 			if exitcode.Of(err) != tc.code {
 				t.Fatalf("exit %d (%v), want %d", exitcode.Of(err), err, tc.code)
 			}
-			if got := strings.Join(h.calls, ", "); got != tc.calls {
+			if got := strings.Join(f.calls, ", "); got != tc.calls {
 				t.Fatalf("calls %s, want %s", got, tc.calls)
 			}
 			if tc.code == exitcode.Usage && !strings.Contains(err.Error(), "policy.example.com") {
@@ -1307,17 +1362,17 @@ func TestRejectedTargetIsHandedBackAtOnce(t *testing.T) {
 	}
 }
 
-// TestReadFirstTakesTheConnectedControlPlane: a verb's first look takes the
+// TestSnapshotOfTakesTheConnectedControlPlane: a verb's first look takes the
 // control plane connect has just read, with the workload and etcd read now;
 // without one, it reads live.
-func TestReadFirstTakesTheConnectedControlPlane(t *testing.T) {
+func TestSnapshotOfTakesTheConnectedControlPlane(t *testing.T) {
 	ctx := context.Background()
 	f := newScripted(world(machineSpec{}, machineSpec{}, machineSpec{}))
 	e, _ := engineFor(f, fast)
 	connected := f.world.clone().CP
 	reads := func() int { return strings.Count(strings.Join(f.trace, ","), "read") }
 
-	first, err := e.ReadFirst(ctx, connected)
+	first, err := e.SnapshotOf(ctx, connected)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1325,7 +1380,7 @@ func TestReadFirstTakesTheConnectedControlPlane(t *testing.T) {
 		t.Fatalf("first look: connected control plane %v, management reads %d, members %d; want it, none, 3",
 			first.CP == connected, reads(), len(first.Members))
 	}
-	again, err := e.ReadFirst(ctx, nil)
+	again, err := e.SnapshotOf(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1361,16 +1416,17 @@ func TestCachedReadTakesTheMembersOfTheSnapshotBefore(t *testing.T) {
 	if err != nil || counted.reads != 1 || live.MembersRead.IsZero() {
 		t.Fatalf("live read: err %v, etcd reads %d, members read at %v; want one read, timed", err, counted.reads, live.MembersRead)
 	}
-	fresh, err := e.readCached(ctx, live)
+	l := &loop{Engine: e}
+	fresh, err := l.readOurs(ctx, true, live)
 	if err != nil || counted.reads != 1 || !fresh.MembersRead.Equal(live.MembersRead) || len(fresh.Members) != 3 {
 		t.Fatalf("cached read after a fresh one: err %v, etcd reads %d; want its 3 members taken, no read", err, counted.reads)
 	}
 	stale := *live
 	stale.MembersRead = time.Now().Add(-etcdPoll)
-	if _, err := e.readCached(ctx, &stale); err != nil || counted.reads != 2 {
+	if _, err := l.readOurs(ctx, true, &stale); err != nil || counted.reads != 2 {
 		t.Fatalf("cached read after one %s old: err %v, etcd reads %d; want etcd read again", etcdPoll, err, counted.reads)
 	}
-	if _, err := e.readCached(ctx, nil); err != nil || counted.reads != 3 {
+	if _, err := l.readOurs(ctx, true, nil); err != nil || counted.reads != 3 {
 		t.Fatalf("cached read with no snapshot before: err %v, etcd reads %d; want etcd read", err, counted.reads)
 	}
 }

@@ -379,7 +379,7 @@ func (st mcState) snapshot() (*Snapshot, Target) {
 	}
 	s := world(specs...)
 	s.CP.KCP.Spec.Replicas = ptr.To(int32(st.replicas))
-	t := Target{Operation: strings.TrimSuffix(mcVerbNames[st.verb], "+replace-unhealthy"), Replicas: int32(st.replicas), MaxSurge: int32(st.surge)}
+	t := Target{Operation: Operation(strings.TrimSuffix(mcVerbNames[st.verb], "+replace-unhealthy")), Replicas: int32(st.replicas), MaxSurge: int32(st.surge)}
 	for i, m := range st.machines() {
 		name := fmt.Sprintf("m%d", i)
 		if m.fault == fNoNodeRef {

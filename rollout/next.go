@@ -72,6 +72,13 @@ const (
 	RecordFailure Action = "record-failure"
 )
 
+// Waits reports whether a step of action a only waits, changing nothing:
+// the steps named await-<what>, and settle, the pause after a machine
+// joined.
+func (a Action) Waits() bool {
+	return strings.HasPrefix(string(a), "await-") || a == Settle
+}
+
 // Step is Next's answer: one action and why.
 type Step struct {
 	Action Action

@@ -51,40 +51,118 @@ type Prepared struct {
 // changing anything: bad input is exit 2, an unsafe state exit 3. A control
 // plane that already matches (and carries no record of ours) is prepared with
 // NothingToDo set. connected, when not nil, is the control plane as read a
-// moment ago (see ReadFirst).
+// moment ago (see SnapshotOf).
+//
+// Its checks come in this order: the request alone (Validate), the state
+// (CheckState), the versions it passes through (hops), the spec it asks for
+// (desired), the machine a replace names (replaced), the projection
+// (withSpec), the broken machines
+// (Admit), and last the first step on the projected control plane (Next).
 func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.ControlPlane) (*Prepared, error) {
-	s, err := e.ReadFirst(ctx, connected)
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	s, err := e.SnapshotOf(ctx, connected)
 	if err != nil {
 		return nil, err
 	}
 	if err := CheckState(s, r); err != nil {
-		// A run in flight explains the state better than the state does: its
-		// record is not this request's, and a runbook should retry later
-		// (exit 5), not call a human (exit 3).
-		if lock := e.lockedByAnotherRun(ctx); lock != nil {
-			return nil, lock
-		}
+		return nil, orLockedOut(ctx, e.ControlPlane, err)
+	}
+	hops, first, err := e.hops(ctx, s, r)
+	if err != nil {
 		return nil, err
 	}
-	hops := []string{r.Version}
-	if r.Version != "" {
-		via, err := e.via(ctx, s, r)
-		if err != nil {
-			return nil, err
-		}
-		if hops, err = Hops(s.CP.Machines.LowestVersion(), via, r.Version); err != nil {
-			return nil, err
-		}
-	}
-	// The last hop always runs: it is where "nothing to do" is found.
-	first := min(firstRemainingHop(s, hops), len(hops)-1)
 	hop := r
 	hop.Version = hops[first]
+	want, err := e.desired(ctx, s, hop)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := record.Of(s.CP.KCP)
+	if err != nil {
+		return nil, err
+	}
+	if done, err := replaced(s, r, rec); err != nil {
+		return nil, err
+	} else if done != "" {
+		return &Prepared{Request: r, NothingToDo: done}, nil
+	}
+	future, err := withSpec(ctx, e.ControlPlane, s, want)
+	if err != nil {
+		return nil, err
+	}
+	t := TargetFor(want, hop)
+	if r.Operation == RestartOperation {
+		t.RolloutAfter = restartCutoff(rec, s.Now)
+	}
+	// A `pause` record is no run of ours to resume: it only holds KCP back.
+	resuming := rec != nil && rec.Operation != string(PauseOperation)
+	if t, err = Admit(future, r, t, resuming); err != nil {
+		return nil, orLockedOut(ctx, e.ControlPlane, err)
+	}
+	p := &Prepared{Request: r, Snapshot: future, Target: t, Hops: hops, FirstHop: first}
+	if p.count(s, rec, resuming); p.NothingToDo != "" {
+		return p, nil
+	}
+	// Refuse an unsafe control plane now, before the lock and the pause: a
+	// refusal then changes nothing.
+	if step := Next(ctx, future, t); step.Action == Refuse {
+		return nil, orLockedOut(ctx, e.ControlPlane, exitcode.Unsafef("%w; nothing was changed", step.Err))
+	}
+	return p, nil
+}
+
+// count counts the machine steps p takes from s, the control plane before
+// the projection, whose record is rec (resuming: a run's), and says when
+// there is nothing to run (NothingToDo) or only a pause to take over and
+// hand back (HandBackOnly).
+func (p *Prepared) count(s *Snapshot, rec *record.Record, resuming bool) {
+	t := p.Target
+	outdated, delta := NeedingRollout(p.Snapshot, t).Len(), int(t.Replicas)-s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)).Len()
+	// Every later hop replaces every machine.
+	p.Steps = outdated + max(delta, -delta) + int(t.Replicas)*(len(p.Hops)-1-p.FirstHop)
+	if outdated != 0 || delta != 0 || Deleting(s).Len() != 0 {
+		return
+	}
+	// A KubeadmControlPlane held by `pause` with nothing to roll still runs:
+	// the run takes the pause over and hands it back, under the lock.
+	switch {
+	case rec == nil:
+		p.NothingToDo = p.Request.Matched()
+	case !resuming:
+		p.HandBackOnly = p.Request.Matched() + "; handing back the pause by " + rec.Detail()
+	}
+}
+
+// hops are the versions r passes through on s, the target last (one hop,
+// r's version or none, but for an upgrade that skips minors), and the first
+// the control plane has not completed. The last hop always runs: it is where
+// "nothing to do" is found.
+func (e *Engine) hops(ctx context.Context, s *Snapshot, r Request) (hops []string, first int, err error) {
+	hops = []string{r.Version}
+	if r.Version != "" {
+		via, err := viaOf(ctx, e.ControlPlane, s, r)
+		if err != nil {
+			return nil, 0, err
+		}
+		if hops, err = Hops(s.CP.Machines.LowestVersion(), via, r.Version); err != nil {
+			return nil, 0, err
+		}
+	}
+	return hops, min(firstRemainingHop(s, hops), len(hops)-1), nil
+}
+
+// desired is the KubeadmControlPlane hop asks for on s (Desired), with what
+// only the management cluster can tell besides: that its
+// InfraMachineTemplate can be read, and that --wait-workers has a topology
+// to follow.
+func (e *Engine) desired(ctx context.Context, s *Snapshot, hop Request) (*controlplanev1.KubeadmControlPlane, error) {
 	want, err := Desired(ctx, s, hop)
 	if err != nil {
 		return nil, err
 	}
-	if r.Template != "" {
+	if hop.Template != "" {
 		if err := e.ControlPlane.CheckTemplate(ctx, want); err != nil {
 			return nil, err
 		}
@@ -93,69 +171,41 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 		return nil, exitcode.Usagef("--wait-workers follows the topology controller's upgrade of the workers, and cluster %s has no ClusterClass topology: upgrade its MachineDeployments yourself",
 			s.CP.Cluster.Name)
 	}
-	rec, err := record.Of(s.CP.KCP)
-	if err != nil {
-		return nil, err
+	return want, nil
+}
+
+// replaced answers a replace whose machine s does not hold, under no record
+// of ours (rec): one that finished (and was killed before it could say so)
+// is found in the last operation's record, and has nothing to do; any other
+// names no machine of the control plane (bad input). A replace interrupted
+// after its machine went resumes on its record alone. Both are "" and nil
+// for any other request.
+func replaced(s *Snapshot, r Request, rec *record.Record) (nothingToDo string, err error) {
+	if _, ok := s.CP.Machines[r.Replace]; r.Replace == "" || rec != nil || ok {
+		return "", nil
 	}
-	// A replace that was interrupted after its machine went resumes on the
-	// record alone; one that finished (and was killed before it could say
-	// so) is found in the last operation's record.
-	if _, ok := s.CP.Machines[r.Replace]; r.Replace != "" && rec == nil && !ok {
-		if last := record.LastOf(s.CP.KCP); last != nil && last.Finished != nil && last.Operation == r.Operation && last.Target == r.TargetString() {
-			return &Prepared{Request: r, NothingToDo: fmt.Sprintf("nothing to do: machine %s was replaced by %s, finished %s",
-				r.Replace, last.Who, last.Finished.Format(time.RFC3339))}, nil
-		}
-		return nil, exitcode.Usagef("machine %s is not a control-plane machine of cluster %s", r.Replace, s.CP.Cluster.Name)
+	if last := record.LastOf(s.CP.KCP); last != nil && last.Finished != nil && last.Operation == string(r.Operation) && last.Target == r.TargetString() {
+		return fmt.Sprintf("nothing to do: machine %s was replaced by %s, finished %s", r.Replace, last.Who, last.Finished.Format(time.RFC3339)), nil
 	}
-	projected, err := e.ControlPlane.WithKCP(ctx, s.CP, want)
+	return "", exitcode.Usagef("machine %s is not a control-plane machine of cluster %s", r.Replace, s.CP.Cluster.Name)
+}
+
+// withSpec is s as it is about to become once want is the
+// KubeadmControlPlane's spec (and, on a topology cluster, the topology's,
+// where the target is set and copied from): the snapshot a plan is made on.
+func withSpec(ctx context.Context, reader Reader, s *Snapshot, want *controlplanev1.KubeadmControlPlane) (*Snapshot, error) {
+	projected, err := reader.WithKCP(ctx, s.CP, want)
 	if err != nil {
 		return nil, err
 	}
 	if projected.Cluster.Spec.Topology.IsDefined() {
-		// The target is set in the topology, and copied from there.
 		cluster := projected.Cluster.DeepCopy()
 		cluster.Spec.Topology.Version, cluster.Spec.Topology.ControlPlane.Replicas = want.Spec.Version, want.Spec.Replicas
 		projected.Cluster = cluster
 	}
 	future := *s
 	future.CP = projected
-	t := TargetFor(want, hop)
-	if r.Operation == "restart" {
-		t.RolloutAfter = restartCutoff(rec, s.Now)
-	}
-	// A `pause` record is no run of ours to resume: it only holds KCP back.
-	resuming := rec != nil && rec.Operation != record.PauseOperation
-	if t, err = Admit(&future, r, t, resuming); err != nil {
-		if lock := e.lockedByAnotherRun(ctx); lock != nil {
-			return nil, lock // a run in flight explains it (see CheckState above)
-		}
-		return nil, err
-	}
-	p := &Prepared{Request: r, Snapshot: &future, Target: t, Hops: hops, FirstHop: first}
-	outdated := NeedingRollout(&future, t).Len()
-	delta := int(t.Replicas) - s.CP.Machines.Filter(collections.Not(collections.HasDeletionTimestamp)).Len()
-	// Every later hop replaces every machine.
-	p.Steps = outdated + max(delta, -delta) + int(t.Replicas)*(len(hops)-1-first)
-	// A KubeadmControlPlane held by `pause` with nothing to roll still runs:
-	// the run takes the pause over and hands it back, under the lock.
-	if outdated == 0 && delta == 0 && Deleting(s).Len() == 0 {
-		switch {
-		case rec == nil:
-			p.NothingToDo = r.Matched()
-			return p, nil
-		case !resuming:
-			p.HandBackOnly = r.Matched() + "; handing back the pause by " + rec.Detail()
-		}
-	}
-	// Refuse an unsafe control plane now, before the lock and the pause: a
-	// refusal then changes nothing.
-	if step := Next(ctx, &future, t); step.Action == Refuse {
-		if lock := e.lockedByAnotherRun(ctx); lock != nil {
-			return nil, lock // another run's step in flight is why (see CheckState above)
-		}
-		return nil, exitcode.Unsafef("%w; nothing was changed", step.Err)
-	}
-	return p, nil
+	return &future, nil
 }
 
 // Admit decides whether a run of r may start on s towards t while machines
@@ -206,7 +256,7 @@ func brokenRefusal(s *Snapshot, r Request, broken collections.Machines) error {
 			Problem(s, m), also, r.Operation, err)
 	}
 	forward := replaceHint(s, m)
-	if r.Operation == "upgrade" || r.Operation == "scale" {
+	if r.Operation == UpgradeOperation || r.Operation == ScaleOperation {
 		forward += ", or re-run with --replace-unhealthy to replace it as this run's first step"
 	}
 	return exitcode.Unsafef("%v%s: the %s cannot start while a control-plane machine is broken; nothing was changed; %s",
@@ -218,29 +268,23 @@ func replaceHint(s *Snapshot, m *clusterv1.Machine) string {
 	return fmt.Sprintf("replace it first: kubectl cp-rollout replace %s %s -n %s", s.CP.Cluster.Name, m.Name, s.CP.Cluster.Namespace)
 }
 
-// via is the request's --via or, when there is none, on a topology cluster
+// viaOf is the request's --via or, when there is none, on a topology cluster
 // whose ClusterClass declares its Kubernetes versions, the versions the
 // topology controller's own plan passes through (Cluster API's chained
 // upgrades), measured from the oldest machine: each becomes a hop of its
 // own. It stays out of the record, so a re-run finds the same operation.
-func (e *Engine) via(ctx context.Context, s *Snapshot, r Request) ([]string, error) {
+func viaOf(ctx context.Context, topology Topology, s *Snapshot, r Request) ([]string, error) {
 	lowest := s.CP.Machines.LowestVersion()
-	if len(r.Via) > 0 || !skipsMinor(lowest, r.Version) || !s.CP.Cluster.Spec.Topology.IsDefined() {
+	from, errFrom := semver.ParseTolerant(lowest)
+	to, errTo := semver.ParseTolerant(r.Version)
+	if len(r.Via) > 0 || errFrom != nil || errTo != nil || !skipsMinor(from, to) || !s.CP.Cluster.Spec.Topology.IsDefined() {
 		return r.Via, nil
 	}
-	plan, err := e.ControlPlane.ClassUpgradePlan(ctx, s.CP.Cluster, lowest, r.Version)
+	plan, err := topology.ClassUpgradePlan(ctx, s.CP.Cluster, lowest, r.Version)
 	if err != nil || len(plan) < 2 {
 		return nil, err
 	}
 	return plan[:len(plan)-1], nil
-}
-
-// skipsMinor reports whether version to is more than one minor above from;
-// false when either does not parse.
-func skipsMinor(from, to string) bool {
-	f, errF := semver.ParseTolerant(from)
-	t, errT := semver.ParseTolerant(to)
-	return errF == nil && errT == nil && (t.Major != f.Major || t.Minor > f.Minor+1)
 }
 
 // restartCutoff is a restart's RolloutAfter: its record's start when rec is
@@ -249,23 +293,26 @@ func skipsMinor(from, to string) bool {
 // Machine's creationTimestamp: a replacement created within the cut-off's
 // second must not count as created before it.
 func restartCutoff(rec *record.Record, now time.Time) time.Time {
-	if rec != nil && rec.Operation == "restart" {
+	if rec != nil && rec.Operation == string(RestartOperation) {
 		now = rec.Started
 	}
 	return now.Truncate(time.Second)
 }
 
-// lockedByAnotherRun names the live run holding the cluster's Lease, nil when
-// there is none (or the Lease cannot be read: the refusal at hand stands).
-// It only chooses between two refusals, 5 and 3, so the holder's renew time
-// is trusted here: a dead run's Lease must not turn every refusal into a
-// lock-out, and no Lease is taken or broken on it.
-func (e *Engine) lockedByAnotherRun(ctx context.Context) error {
-	lease, err := e.ControlPlane.Lease(ctx)
+// orLockedOut is refusal, a refusal before the lock, unless a live run holds
+// the cluster's Lease: a run in flight explains the state better than the
+// state does — its record is not this request's, its step in flight is why —
+// and a runbook should retry later (exit 5), not call a human (exit 3). A
+// Lease that cannot be read leaves the refusal as it is. It only chooses
+// between two refusals, so the holder's renew time is trusted here: a dead
+// run's Lease must not turn every refusal into a lock-out, and no Lease is
+// taken or broken on it.
+func orLockedOut(ctx context.Context, cl ClusterLock, refusal error) error {
+	lease, err := cl.Lease(ctx)
 	if err != nil || lease == nil || !runlock.Live(lease, time.Now()) {
-		return nil
+		return refusal
 	}
-	return e.ControlPlane.LockedBy(lease)
+	return cl.LockedBy(lease)
 }
 
 // acquire takes the cluster's lock; a Lease another run holds is a step of
@@ -315,13 +362,13 @@ func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 // stops early the KCP stays paused with the record, so a re-run resumes and
 // status explains; the Lease is always released.
 func (e *Engine) Run(ctx context.Context, p *Prepared) error {
-	return e.holding(ctx, func(ctx context.Context) error {
+	return e.holding(ctx, func(ctx context.Context, lock Lock) error {
 		e.steps.total = p.Steps
 		if p.HandBackOnly != "" {
 			e.note(HandBack, p.HandBackOnly)
 		}
 		for i := p.FirstHop; i < len(p.Hops); i++ {
-			if err := e.runHop(ctx, p, i); err != nil {
+			if err := e.runHop(ctx, lock, p, i); err != nil {
 				return err
 			}
 		}
@@ -331,10 +378,10 @@ func (e *Engine) Run(ctx context.Context, p *Prepared) error {
 }
 
 // holding does work under the cluster's lock: it takes the Lease (watching
-// one someone holds first), renews it while work runs, and releases it
-// afterwards, whatever happened. Losing the lock cancels work's context with
-// the loss as its cause, and the loss is then the error.
-func (e *Engine) holding(ctx context.Context, work func(context.Context) error) (err error) {
+// one someone holds first), passes it to work, renews it while work runs,
+// and releases it afterwards, whatever happened. Losing the lock cancels
+// work's context with the loss as its cause, and the loss is then the error.
+func (e *Engine) holding(ctx context.Context, work func(ctx context.Context, lock Lock) error) (err error) {
 	lock, err := e.acquire(ctx)
 	if err != nil {
 		return err
@@ -359,24 +406,24 @@ func (e *Engine) holding(ctx context.Context, work func(context.Context) error) 
 			err = cause // the lost lock explains the stop better than its echo
 		}
 	}()
-	e.Lock = lock
-	return work(runCtx)
+	return work(runCtx, lock)
 }
 
 // defaultWorkersWait bounds, between the hops of a topology cluster's
 // upgrade, the wait for the workers when --wait-workers did not set one.
 const defaultWorkersWait = 30 * time.Minute
 
-// runHop is one complete rollout to p.Hops[i]: take over (or resume), set the
-// hop's version, converge, hand back. Before another hop, KCP must agree the
-// hop is done and, on a topology cluster, the topology controller must have
-// upgraded the workers: its webhook refuses the next version until then.
-func (e *Engine) runHop(ctx context.Context, p *Prepared, i int) error {
+// runHop is one complete rollout to p.Hops[i] under lock: take over (or
+// resume), set the hop's version, converge, hand back. Before another hop,
+// KCP must agree the hop is done and, on a topology cluster, the topology
+// controller must have upgraded the workers: its webhook refuses the next
+// version until then.
+func (e *Engine) runHop(ctx context.Context, lock Lock, p *Prepared, i int) error {
 	hop, last := p.Hops[i], i == len(p.Hops)-1
 	if len(p.Hops) > 1 {
 		e.steps.hop = progress.Hop{Index: i + 1, Of: len(p.Hops), Version: hop}
 	}
-	live, err := e.takeOver(ctx, p.Request, hop)
+	live, err := e.takeOver(ctx, lock, p.Request, hop)
 	if err != nil {
 		return err
 	}
@@ -386,7 +433,7 @@ func (e *Engine) runHop(ctx context.Context, p *Prepared, i int) error {
 		r.Version = hop
 		t = TargetFor(live.KCP, r)
 	}
-	if t.Operation == "restart" {
+	if t.Operation == RestartOperation {
 		// The record now on the KubeadmControlPlane is this restart's, set
 		// by the pause or left by an interrupted run: its start is the cut-off.
 		rec, err := record.Of(live.KCP)
@@ -395,7 +442,7 @@ func (e *Engine) runHop(ctx context.Context, p *Prepared, i int) error {
 		}
 		t.RolloutAfter = restartCutoff(rec, time.Now())
 	}
-	done, err := e.Converge(ctx, t)
+	done, err := e.Converge(ctx, t, lock)
 	if err != nil {
 		return err
 	}
@@ -429,7 +476,8 @@ func (e *Engine) runHop(ctx context.Context, p *Prepared, i int) error {
 // and r's replicas — and prepares the rollout: pieces a killed run left
 // behind go, and the workload cluster gets what kubeadm reads before
 // machines of a new version join. It returns the control plane it left.
-func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcpstate.ControlPlane, error) {
+// lock is the run's, held.
+func (e *Engine) takeOver(ctx context.Context, lock Lock, r Request, version string) (*kcpstate.ControlPlane, error) {
 	// The hand-over decides on the Cluster and the KubeadmControlPlane alone,
 	// read again now that this run holds the Lease.
 	cluster, kcp, err := e.ControlPlane.ReadKCP(ctx)
@@ -443,13 +491,13 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 	// A KubeadmControlPlane held by `pause` is taken over: this run's record
 	// replaces the pause's, and the hand-back at the end is this run's.
 	var held *record.Record
-	if rec != nil && rec.Operation == record.PauseOperation {
+	if rec != nil && rec.Operation == string(PauseOperation) {
 		held, rec = rec, nil
 	}
 	pausedNow := rec == nil
 	if pausedNow {
 		// The target is set on the KubeadmControlPlane the pause read last.
-		mine := record.Record{Operation: r.Operation, Target: r.TargetString(), Who: record.Who(), Started: time.Now().UTC()}
+		mine := record.Record{Operation: string(r.Operation), Target: r.TargetString(), Who: record.Who(), Started: time.Now().UTC()}
 		if kcp, err = e.pause(ctx, cluster, kcp, mine, held); err != nil {
 			return nil, err
 		}
@@ -468,7 +516,7 @@ func (e *Engine) takeOver(ctx context.Context, r Request, version string) (*kcps
 	}
 	// A resumed run skipped the pause: make sure KCP is still paused before
 	// touching what only a paused KCP leaves alone.
-	if err := e.stillOurs(NewSnapshot(live)); err != nil {
+	if err := stillOurs(lock, NewSnapshot(live)); err != nil {
 		return nil, err
 	}
 	e.removeOrphans(ctx, live)

@@ -28,10 +28,10 @@ type Snapshot struct {
 	// still joining, whatever its node says.
 	SeenHealthy map[string]bool
 	// MembersRead is when Members were read from etcd: a cached snapshot
-	// may carry those of the snapshot before it (Engine.readCached).
+	// may carry those of the snapshot before it (loop.readOurs).
 	MembersRead time.Time
 	// cached marks a snapshot read from the watches' caches, its etcd part up
-	// to etcdPoll old (Engine.readCached): waits decide on one, and no step
+	// to etcdPoll old (loop.readOurs): waits decide on one, and no step
 	// acts on one.
 	cached bool
 	// projected marks a snapshot a plan projects steps onto: its machines
@@ -59,9 +59,8 @@ func (s *Snapshot) nodeNames() []string {
 
 // Target is what the control plane should become.
 type Target struct {
-	// Operation names the verb for records and messages: upgrade, scale,
-	// replace, rollout, restart.
-	Operation string
+	// Operation names the verb for records and messages.
+	Operation Operation
 	// Replicas is the number of control-plane machines wanted.
 	Replicas int32
 	// MaxSurge is how many machines above Replicas a rollout may create: 1

@@ -19,7 +19,7 @@ type stepLog struct {
 	// machine counts machine steps (a replacement, an added or removed
 	// machine) begun so far; total is how many the run expects.
 	machine, total int
-	// created and deleted record what the machine step in progress has done:
+	// created and deleted record what the machine step in progress has made:
 	// a replacement is one creation and one deletion, in either order.
 	created, deleted bool
 	// hop is the hop in progress of an upgrade through several versions.
@@ -80,16 +80,22 @@ func (st *step) end(err *error) {
 	e.steps.last = now
 }
 
-// countMachineStep counts a creation or deletion into the machine steps: a
-// replacement is one creation and one deletion in either order (surge first
-// or delete first), so a new machine step begins when the one in progress
-// has already done the same.
-func (e *Engine) countMachineStep(deletion bool) {
-	l := &e.steps
+// beginMachineStep counts a creation or deletion that starts into the
+// machine steps: a replacement is one creation and one deletion in either
+// order (surge first or delete first), so a new machine step begins when the
+// one in progress has already made one of the same kind. A deletion that
+// starts and is not made (deleteVictim decides again after its drain) leaves
+// its step in progress, for the creation or deletion made next.
+func (l *stepLog) beginMachineStep(deletion bool) {
 	if l.machine == 0 || (deletion && l.deleted) || (!deletion && l.created) {
 		l.machine++
 		l.created, l.deleted = false, false
 	}
+}
+
+// made records that the machine step in progress made its creation or its
+// deletion.
+func (l *stepLog) made(deletion bool) {
 	if deletion {
 		l.deleted = true
 	} else {

@@ -207,11 +207,11 @@ func (w *wait) expired(t Timeouts, last Step, lastErr error) error {
 // ended on, on which the caller's loop decides again — or when the wait's
 // limit is spent. s is the snapshot the wait started on.
 //
-// A wait reads the watches' caches (readCached), and live every liveEvery.
+// A wait reads the watches' caches (readOurs), and live every liveEvery.
 // It never ends on a cached read: when one shows something else to do, a
 // live read confirms it first, so that the step after the wait acts on a
 // state all read just now.
-func (e *Engine) await(ctx context.Context, t Target, st *step, s *Snapshot, first Step, kind func(Step) waitKind) (*Snapshot, error) {
+func (e *loop) await(ctx context.Context, t Target, st *step, s *Snapshot, first Step, kind func(Step) waitKind) (*Snapshot, error) {
 	var w wait
 	next := first
 	lastLive := time.Now()
@@ -228,11 +228,11 @@ func (e *Engine) await(ctx context.Context, t Target, st *step, s *Snapshot, fir
 			cached, lastLive = false, time.Now()
 		}
 		var err error
-		if s, err = e.readWith(ctx, cached, s); err != nil {
+		if s, err = e.readOurs(ctx, cached, s); err != nil {
 			return nil, err
 		}
 		if next = Next(ctx, s, t); !sameStep(next, first) && s.cached {
-			if s, err = e.read(ctx); err != nil {
+			if s, err = e.readOursLive(ctx); err != nil {
 				return nil, err
 			}
 			next = Next(ctx, s, t)

@@ -32,6 +32,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // Controller is the reportingController of every Event the tool writes.
@@ -89,8 +90,8 @@ func (r *reporter) Report(e progress.Event) {
 // (see Reporter). The run's waits are named await-<what>, but for settle,
 // the pause after a machine joined.
 func Records(action string, phase progress.Phase) bool {
-	wait := strings.HasPrefix(action, "await-") || action == "settle"
-	return action != "read" && (phase == progress.Failed || phase == progress.Done && !wait)
+	wait := rollout.Action(action).Waits()
+	return action != string(rollout.Read) && (phase == progress.Failed || phase == progress.Done && !wait)
 }
 
 // record queues e's Event; when the queue is full (the API server cannot
@@ -112,7 +113,7 @@ func (t *Trail) event(e progress.Event) *eventsv1.Event {
 	}
 	reason, typ := camel(e.Action), corev1.EventTypeNormal
 	switch {
-	case e.Phase == progress.Failed && e.Action == "refuse":
+	case e.Phase == progress.Failed && e.Action == string(rollout.Refuse):
 		reason, typ = "Refused", corev1.EventTypeWarning
 	case e.Phase == progress.Failed:
 		reason, typ = reason+"Failed", corev1.EventTypeWarning

@@ -34,7 +34,7 @@ type changeOptions struct {
 	inFleet bool
 }
 
-func newChangeOptions(streams genericiooptions.IOStreams, operation string) changeOptions {
+func newChangeOptions(streams genericiooptions.IOStreams, operation rollout.Operation) changeOptions {
 	return changeOptions{req: newRequestOptions(streams, operation), wait: newWaitLimits(),
 		limits: newFleetLimits(), consent: newConfirmation(streams), OnFailure: onFailureStay}
 }
@@ -73,7 +73,7 @@ func (o *changeOptions) complete(cmd *cobra.Command, args []string) {
 
 // validate checks the shared flags.
 func (o *changeOptions) validate() error {
-	if err := validateSelection(o.req.target.Operation, o.req.conn.Cluster, o.req.sel); err != nil {
+	if err := validateSelection(string(o.req.request.Operation), o.req.conn.Cluster, o.req.sel); err != nil {
 		return err
 	}
 	if err := oneOf("on-failure", o.OnFailure, onFailureStay, onFailureHandback); err != nil {
@@ -96,7 +96,7 @@ func (o *changeOptions) validate() error {
 	if err := o.req.conn.validateKCPVersion(); err != nil {
 		return err
 	}
-	return o.consent.validateEveryCluster(o.req.target.Operation, &o.req.sel)
+	return o.consent.validateEveryCluster(string(o.req.request.Operation), &o.req.sel)
 }
 
 // run performs the request, or with --dry-run prints its plan, on the named
@@ -120,7 +120,7 @@ func (o *changeOptions) runOne(ctx context.Context, reporter progress.Reporter) 
 	if t := o.wait.Timeout; t > 0 {
 		var cancel context.CancelFunc
 		runCtx, cancel = context.WithTimeoutCause(ctx, t,
-			exitcode.Timeoutf("%s %s did not finish within --timeout %s; re-run the same command to continue", o.req.target.Operation, o.req.conn.Cluster, t))
+			exitcode.Timeoutf("%s %s did not finish within --timeout %s; re-run the same command to continue", o.req.request.Operation, o.req.conn.Cluster, t))
 		defer cancel()
 	}
 	return o.converge(ctx, runCtx, reporter)
@@ -136,9 +136,9 @@ func (o *changeOptions) converge(ctx, runCtx context.Context, reporter progress.
 	}
 	defer c.close()
 	engine := c.engine
-	prepared, err := engine.Prepare(runCtx, o.req.target, c.first)
+	prepared, err := engine.Prepare(runCtx, o.req.request, c.first)
 	if err == nil && prepared.NothingToDo != "" {
-		reporter.Report(progress.Event{Time: time.Now(), Cluster: o.req.conn.Cluster, Namespace: o.req.conn.Namespace, Action: o.req.target.Operation,
+		reporter.Report(progress.Event{Time: time.Now(), Cluster: o.req.conn.Cluster, Namespace: o.req.conn.Namespace, Action: string(o.req.request.Operation),
 			Phase: progress.Done, Message: prepared.NothingToDo})
 		return nil
 	}
@@ -165,11 +165,11 @@ func stopCause(runCtx context.Context, err error) error {
 // run's error with what became of the pause: a fleet's table shows that
 // error alone. The exit code stays the failure's.
 func (o *changeOptions) afterFailure(ctx context.Context, engine *rollout.Engine, err error) error {
-	a := engine.AfterFailure(ctx, o.req.target, err, o.OnFailure == onFailureHandback)
+	a := engine.AfterFailure(ctx, o.req.request, err, o.OnFailure == onFailureHandback)
 	switch {
-	case len(a.HandedBack) > 0:
+	case a.HandedBack != nil:
 		if !o.inFleet {
-			for _, line := range a.HandedBack {
+			for _, line := range a.HandedBack.Lines() {
 				fmt.Fprintln(o.req.Streams.ErrOut, line)
 			}
 		}

@@ -303,6 +303,9 @@ func viewOnly(warnings io.Writer) engineUse {
 // connected is what connect built for one cluster.
 type connected struct {
 	engine *rollout.Engine
+	// cp is the engine's management client, for what only it answers (the
+	// KCP controller's version, runChecks): the engine takes it by its roles.
+	cp *controlplane.Client
 	// first is the control plane as connect read it, the verb's first look.
 	first *kcpstate.ControlPlane
 	// close ends the etcd client, the watches and the audit trail, whichever
@@ -320,7 +323,7 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*connected, er
 		return nil, err
 	}
 	engine := &rollout.Engine{ControlPlane: mc.cp, Reporter: use.reporter, Timeouts: use.timeouts, Requests: mc.counted.requests}
-	done := &connected{engine: engine, first: mc.first, close: func() {}}
+	done := &connected{engine: engine, cp: mc.cp, first: mc.first, close: func() {}}
 	if !mc.workload {
 		// The preflight has said why; the Secrets are not even asked for, so
 		// the audit log shows no refused read of them.

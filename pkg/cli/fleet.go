@@ -242,7 +242,7 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 		return err
 	}
 	if o.req.sel.everyCluster() {
-		what := o.req.target.Operation + " to " + o.req.target.TargetString()
+		what := o.req.request.String()
 		if err := o.consent.confirm(ctx, streams, what, clusters); err != nil {
 			return err
 		}

@@ -134,11 +134,11 @@ func (o *HandbackOptions) handback(ctx context.Context, inFleet bool) error {
 		return err
 	}
 	defer c.close()
-	done, err := c.engine.Handback(ctx, o.Force)
+	h, err := c.engine.Handback(ctx, o.Force)
 	if err != nil {
 		return err
 	}
-	return printHandedBack(o.Streams.Out, o.Output, inFleet, handedBack{Cluster: o.conn.Cluster, Namespace: o.conn.Namespace, Done: done})
+	return printHandedBack(o.Streams.Out, o.Output, inFleet, handedBack{Cluster: o.conn.Cluster, Namespace: o.conn.Namespace, Done: h.Lines()})
 }
 
 // printHandedBack prints what handback did to one cluster: a line for each

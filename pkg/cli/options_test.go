@@ -56,10 +56,10 @@ type resolved struct {
 }
 
 func resolvedRequest(r result, o *requestOptions) resolved {
-	t := o.target
+	t := o.request
 	v := resolved{
 		Cluster: o.conn.Cluster, Namespace: r.opts.ConfigFlags.Namespace(), EtcdEndpoint: o.conn.EtcdEndpoint, KCPVersion: o.conn.KCPVersion,
-		Operation: t.Operation, Version: t.Version, Replace: t.Replace,
+		Operation: string(t.Operation), Version: t.Version, Replace: t.Replace,
 		MaxSurge: t.MaxSurge, Output: o.Output, CertificatesExpiryDays: t.CertificatesExpiryDays,
 	}
 	if t.Replicas != nil {
@@ -143,8 +143,8 @@ func TestUpgradeOptions(t *testing.T) {
 		{name: "topology timeout", args: []string{"demo", "--version", "v1.36.3", "--topology-timeout", "15m"},
 			want: func(v *resolved) { v.Timeouts.Topology = 15 * time.Minute }},
 		{name: "environment", args: []string{"demo", "--version", "v1.36.3"},
-			env:  map[string]string{"CP_ROLLOUT_HEALTH_TIMEOUT": "1m", "CP_ROLLOUT_OUTPUT": "json", "CP_ROLLOUT_NAMESPACE": "capi"},
-			want: func(v *resolved) { v.Timeouts.Health, v.Output, v.Namespace = time.Minute, "json", "capi" }},
+			env:  map[string]string{"CP_ROLLOUT_HEALTH_TIMEOUT": "1m", "CP_ROLLOUT_OUTPUT": "json"},
+			want: func(v *resolved) { v.Timeouts.Health, v.Output = time.Minute, "json" }},
 		// An empty variable sets nothing, so it is no reason to refuse.
 		{name: "empty variable", args: []string{"demo", "--version", "v1.36.3"}, env: map[string]string{"CP_ROLLOUT_VERSION": ""}},
 		{name: "config file", args: []string{"demo", "--version", "v1.36.3"},
@@ -183,8 +183,8 @@ func TestReplaceOptions(t *testing.T) {
 	checkOptions(t, "replace", NewCmdReplace, func(r result, o *ReplaceOptions) resolved { return viewChange(r, &o.change) }, base, []optionsCase{
 		{name: "machine", args: []string{"demo", "demo-cp-x2k9"}},
 		{name: "every flag", args: append([]string{"demo", "demo-cp-x2k9"}, allRunFlags...), want: withAllRunFlags},
-		{name: "namespace and etcd endpoint from config file", args: []string{"demo", "demo-cp-x2k9"},
-			config: "namespace: capi\netcd-endpoint: https://{{.NodeIP}}:2379\n",
+		{name: "etcd endpoint from config file", args: []string{"demo", "demo-cp-x2k9", "-n", "capi"},
+			config: "etcd-endpoint: https://{{.NodeIP}}:2379\n",
 			want:   func(v *resolved) { v.Namespace, v.EtcdEndpoint = "capi", "https://{{.NodeIP}}:2379" }},
 	})
 }

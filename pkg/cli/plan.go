@@ -6,13 +6,10 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 
 	"github.com/spf13/cobra"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
 	"github.com/cp-rollout/cp-rollout/rollout"
@@ -20,64 +17,6 @@ import (
 
 // PendingExitCode is what `plan --exit-code` returns when steps are pending.
 const PendingExitCode = 10
-
-// requestOptions are what plan and every verb that changes a control plane
-// share: the cluster or selection a request is for, what it asks of the
-// control plane, and how its answer is shown.
-type requestOptions struct {
-	conn connection
-	sel  selection
-	// target is what the request asks: the operation and its version,
-	// replicas or machine, and the surge.
-	target  rollout.Request
-	Output  string
-	Streams genericiooptions.IOStreams
-	// jsonLines prints -o json's plan on one line: one cluster's of
-	// several (JSON Lines).
-	jsonLines bool
-}
-
-func newRequestOptions(streams genericiooptions.IOStreams, operation string) requestOptions {
-	return requestOptions{
-		Streams: streams,
-		target:  rollout.Request{Operation: operation, MaxSurge: -1},
-		Output:  "text",
-	}
-}
-
-// requestOutputs are the values of the request verbs' -o.
-var requestOutputs = []string{"text", "json"}
-
-func (o *requestOptions) addFlags(cmd *cobra.Command) {
-	f := cmd.Flags()
-	f.Int32Var(&o.target.MaxSurge, "max-surge", o.target.MaxSurge, "Machines created above the replica count during a rollout: 1 (replacement first) or 0 (delete first, for clusters without spare capacity; needs at least 3 replicas); -1 uses the KubeadmControlPlane's rollout.strategy.rollingUpdate.maxSurge")
-	f.StringVarP(&o.Output, "output", "o", o.Output, "Progress format: text (spinner on a terminal, timestamped lines otherwise) or json (JSON Lines events on stdout)")
-	completeOutput(cmd, requestOutputs)
-	o.conn.addEtcdEndpointFlag(f)
-	o.conn.addKCPVersionFlag(f)
-}
-
-// validate checks the flags every request shares.
-func (o *requestOptions) validate() error {
-	if ms := o.target.MaxSurge; ms < -1 || ms > 1 {
-		return exitcode.Usagef("--max-surge must be 0 or 1, not %d", ms)
-	}
-	if r := o.target.Replicas; r != nil && *r == 1 && o.target.MaxSurge == 0 {
-		// Deleting first is refused below 3 replicas whatever the cluster;
-		// for 2, stacked etcd's odd-replica rule speaks first, so the cluster
-		// decides which reason to give.
-		return exitcode.Usagef("--max-surge 0 needs at least 3 replicas (--replicas is %d): deleting first would leave too few machines", *r)
-	}
-	if err := oneOf("output", o.Output, requestOutputs...); err != nil {
-		return err
-	}
-	if err := o.conn.checkKCPVersionFlag(); err != nil {
-		return err
-	}
-	return o.conn.validateEtcdEndpoint()
-}
-
-func (o *requestOptions) where() (cluster, namespace string) { return o.conn.where(&o.sel) }
 
 // printPlans prints the plan of the named cluster, or of each selected one
 // in turn, and reports whether any has steps. Over several clusters a
@@ -119,10 +58,8 @@ func (o *requestOptions) printPlan(ctx context.Context) (pending bool, err error
 		return false, err
 	}
 	defer c.close()
-	// connect gives every engine its *controlplane.Client, which runChecks
-	// asks about the KCP controller.
-	refusal := o.conn.runChecks(ctx, c.engine.ControlPlane.(*controlplane.Client), c.first.KCP)
-	prepared, err := c.engine.Prepare(ctx, o.target, c.first)
+	refusal := o.conn.runChecks(ctx, c.cp, c.first.KCP)
+	prepared, err := c.engine.Prepare(ctx, o.request, c.first)
 	var hops [][]rollout.Step
 	if err == nil && prepared.NothingToDo == "" {
 		hops = rollout.PlanHops(ctx, prepared)
@@ -147,7 +84,7 @@ func (o *requestOptions) showPlan(prepared *rollout.Prepared, hops [][]rollout.S
 	case planErr != nil:
 		return false, planErr
 	}
-	if err := printPlan(o.Streams.Out, o.Output, o.jsonLines, o.target, prepared, hops); err != nil {
+	if err := printPlan(o.Streams.Out, o.Output, o.jsonLines, o.request, prepared, hops); err != nil {
 		return false, err
 	}
 	if refusal != nil {
@@ -240,14 +177,14 @@ start and take steps, 0 that it would find nothing to do.`,
 	// waits for nothing.
 	f.StringVar(&o.version, "version", "", "Plan an upgrade to this Kubernetes version")
 	f.StringSliceVar(&o.via, "via", nil, "With --version: the versions the upgrade passes through first, one rollout each")
-	f.StringVar(&o.req.target.Template, "infrastructure-template", "", "With --version: the InfraMachineTemplate the new machines are made from")
+	f.StringVar(&o.req.request.Template, "infrastructure-template", "", "With --version: the InfraMachineTemplate the new machines are made from")
 	f.Int32Var(&o.replicas, "replicas", o.replicas, "Plan a scale to this many machines")
 	f.StringVar(&o.replace, "replace", "", "Plan the replacement of this machine")
 	_ = cmd.RegisterFlagCompletionFunc("replace", root.completePlanReplace)
 	f.BoolVar(&o.rollout, "rollout", false, "Plan the rollout of the KubeadmControlPlane's spec as it stands (the outdated machines)")
 	f.StringVar(&o.expiring, "certificates-expiring-within", "", "With --rollout: also the machines whose certificates expire within this time, in whole days (30d, 720h)")
 	f.BoolVar(&o.restart, "restart", false, "Plan the replacement of every machine")
-	f.BoolVar(&o.req.target.ReplaceUnhealthy, "replace-unhealthy", false, "With --version or --replicas: plan the broken machines' replacement first, as the run with --replace-unhealthy would")
+	f.BoolVar(&o.req.request.ReplaceUnhealthy, "replace-unhealthy", false, "With --version or --replicas: plan the broken machines' replacement first, as the run with --replace-unhealthy would")
 	f.BoolVar(&o.ExitCode, "exit-code", false, fmt.Sprintf("Exit %d when steps are pending, 0 when there is nothing to do (a refusal the run would meet keeps its own code)", PendingExitCode))
 	return cmd
 }
@@ -260,18 +197,18 @@ func (o *PlanOptions) Complete(cmd *cobra.Command, args []string) error {
 			o.targets++
 		}
 	}
-	t := &o.req.target
+	t := &o.req.request
 	switch {
 	case o.version != "":
-		t.Operation, t.Version, t.Via = "upgrade", o.version, o.via
+		t.Operation, t.Version, t.Via = rollout.UpgradeOperation, o.version, o.via
 	case cmd.Flags().Changed("replicas"):
-		t.Operation, t.Replicas = "scale", &o.replicas
+		t.Operation, t.Replicas = rollout.ScaleOperation, &o.replicas
 	case o.replace != "":
-		t.Operation, t.Replace = "replace", o.replace
+		t.Operation, t.Replace = rollout.ReplaceOperation, o.replace
 	case o.rollout:
-		t.Operation = "rollout"
+		t.Operation = rollout.RolloutOperation
 	case o.restart:
-		t.Operation = "restart"
+		t.Operation = rollout.RestartOperation
 	}
 	// A bad value is Validate's to refuse, after the checks that come first.
 	t.CertificatesExpiryDays, _ = expiryDays(o.expiring)
@@ -294,13 +231,15 @@ func (o *PlanOptions) Validate() error {
 	if err := validateSelection("plan", o.req.conn.Cluster, o.req.sel); err != nil {
 		return err
 	}
-	if err := validateTarget(o.req.target); err != nil {
+	// The request's own rules first: --via or --infrastructure-template
+	// alone is told what it needs.
+	if err := o.req.validate(); err != nil {
 		return err
 	}
-	if o.req.target.Operation == "" {
+	if o.req.request.Operation == "" {
 		return exitcode.Usagef("plan needs one of --version, --replicas, --replace, --rollout or --restart")
 	}
-	return o.req.validate()
+	return nil
 }
 
 // Run prints the plan to stdout.
@@ -318,47 +257,6 @@ func (o *PlanOptions) outcome(pending bool, err error) error {
 		return exitcode.New(PendingExitCode, errPending)
 	}
 	return err
-}
-
-// validateTarget checks the version and replica count a request asks for.
-// Whether the count must be odd depends on the cluster (stacked or external
-// etcd) and is checked against it, before anything changes.
-func validateTarget(r rollout.Request) error {
-	if r.Version != "" {
-		if _, err := rollout.ParseVersion("--version", r.Version); err != nil {
-			return err
-		}
-	}
-	if len(r.Via) > 0 && r.Version == "" {
-		return exitcode.Usagef("--via needs --version: it names the versions an upgrade passes through")
-	}
-	for _, v := range r.Via {
-		if _, err := rollout.ParseVersion("--via", v); err != nil {
-			return err
-		}
-	}
-	if r.Replicas != nil && *r.Replicas < 1 {
-		return exitcode.Usagef("--replicas must be at least 1, not %d", *r.Replicas)
-	}
-	return validateTemplate(r)
-}
-
-// validateTemplate checks --infrastructure-template against the rest of the
-// request: a machine image is built for one Kubernetes version, so it goes
-// with --version, and with one hop only.
-func validateTemplate(r rollout.Request) error {
-	switch {
-	case r.Template == "":
-		return nil
-	case r.Version == "":
-		return exitcode.Usagef("--infrastructure-template needs --version: a machine image goes with the Kubernetes version it was built for")
-	case len(r.Via) > 0:
-		return exitcode.Usagef("--infrastructure-template cannot go with --via: one machine template cannot serve every hop; upgrade one minor at a time, each with its own template")
-	}
-	if errs := validation.IsDNS1123Subdomain(r.Template); len(errs) > 0 {
-		return exitcode.Usagef("--infrastructure-template %q is not an object name: %s", r.Template, strings.Join(errs, "; "))
-	}
-	return nil
 }
 
 // errPending is the "error" of a successful plan with steps, under --exit-code;
@@ -401,7 +299,7 @@ func printPlan(out io.Writer, format string, jsonLines bool, req rollout.Request
 			Operation string        `json:"operation"`
 			Target    string        `json:"target"`
 			Steps     []plannedStep `json:"steps"`
-		}{cluster.Name, cluster.Namespace, req.Operation, req.TargetString(), planned}, jsonLines)
+		}{cluster.Name, cluster.Namespace, string(req.Operation), req.TargetString(), planned}, jsonLines)
 	}
 	if len(planned) == 0 {
 		_, err := fmt.Fprintln(out, nothingToDoFor(req))

@@ -7,6 +7,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // ReplaceOptions replaces one named control-plane machine.
@@ -16,7 +17,7 @@ type ReplaceOptions struct {
 
 // NewReplaceOptions returns the replace verb's defaults.
 func NewReplaceOptions(streams genericiooptions.IOStreams) *ReplaceOptions {
-	return &ReplaceOptions{change: newChangeOptions(streams, "replace")}
+	return &ReplaceOptions{change: newChangeOptions(streams, rollout.ReplaceOperation)}
 }
 
 // NewCmdReplace returns the replace verb. runF, when set, replaces Run, so
@@ -51,7 +52,7 @@ quorum, and moves etcd leadership away first.`,
 // Complete takes the cluster's and the machine's names.
 func (o *ReplaceOptions) Complete(cmd *cobra.Command, args []string) error {
 	o.change.complete(cmd, args[:1])
-	o.change.req.target.Replace = args[1]
+	o.change.req.request.Replace = args[1]
 	return nil
 }
 

@@ -5,6 +5,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // RestartOptions replaces every control-plane machine, changing no spec.
@@ -14,7 +16,7 @@ type RestartOptions struct {
 
 // NewRestartOptions returns the restart verb's defaults.
 func NewRestartOptions(streams genericiooptions.IOStreams) *RestartOptions {
-	return &RestartOptions{change: newChangeOptions(streams, "restart")}
+	return &RestartOptions{change: newChangeOptions(streams, rollout.RestartOperation)}
 }
 
 // NewCmdRestart returns the restart verb. runF, when set, replaces Run, so

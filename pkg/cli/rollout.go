@@ -11,6 +11,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // RolloutOptions replaces the machines that KCP finds outdated against the
@@ -22,7 +23,7 @@ type RolloutOptions struct {
 
 // NewRolloutOptions returns the rollout verb's defaults.
 func NewRolloutOptions(streams genericiooptions.IOStreams) *RolloutOptions {
-	return &RolloutOptions{change: newChangeOptions(streams, "rollout")}
+	return &RolloutOptions{change: newChangeOptions(streams, rollout.RolloutOperation)}
 }
 
 // NewCmdRollout returns the rollout verb. runF, when set, replaces Run, so
@@ -67,7 +68,7 @@ spec.rollout.before.certificatesExpiryDays would, without writing that field.`,
 func (o *RolloutOptions) Complete(cmd *cobra.Command, args []string) error {
 	o.change.complete(cmd, args)
 	// A bad value is Validate's to refuse.
-	o.change.req.target.CertificatesExpiryDays, _ = expiryDays(o.expiring)
+	o.change.req.request.CertificatesExpiryDays, _ = expiryDays(o.expiring)
 	return nil
 }
 

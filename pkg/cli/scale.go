@@ -7,6 +7,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // ScaleOptions resizes a control plane one machine at a time.
@@ -17,7 +18,7 @@ type ScaleOptions struct {
 
 // NewScaleOptions returns the scale verb's defaults.
 func NewScaleOptions(streams genericiooptions.IOStreams) *ScaleOptions {
-	return &ScaleOptions{change: newChangeOptions(streams, "scale")}
+	return &ScaleOptions{change: newChangeOptions(streams, rollout.ScaleOperation)}
 }
 
 // NewCmdScale returns the scale verb. runF, when set, replaces Run, so tests
@@ -43,7 +44,7 @@ be odd. With -l/-A, every matching cluster is scaled, as upgrade does.`,
 	}
 	o.change.addFlags(cmd)
 	o.change.addFleetFlags(cmd.Flags())
-	cmd.Flags().BoolVar(&o.change.req.target.ReplaceUnhealthy, "replace-unhealthy", false, "Replace first, as this run's first steps, the control-plane machines found broken before it starts (without it, the run refuses them and names the replace command)")
+	cmd.Flags().BoolVar(&o.change.req.request.ReplaceUnhealthy, "replace-unhealthy", false, "Replace first, as this run's first steps, the control-plane machines found broken before it starts (without it, the run refuses them and names the replace command)")
 	cmd.Flags().Int32Var(&o.replicas, "replicas", o.replicas, "The number of control-plane machines wanted (required; odd with stacked etcd)")
 	return cmd
 }
@@ -53,18 +54,15 @@ be odd. With -l/-A, every matching cluster is scaled, as upgrade does.`,
 func (o *ScaleOptions) Complete(cmd *cobra.Command, args []string) error {
 	o.change.complete(cmd, args)
 	if cmd.Flags().Changed("replicas") {
-		o.change.req.target.Replicas = &o.replicas
+		o.change.req.request.Replicas = &o.replicas
 	}
 	return nil
 }
 
 // Validate checks the flags; it changes nothing.
 func (o *ScaleOptions) Validate() error {
-	if o.change.req.target.Replicas == nil {
+	if o.change.req.request.Replicas == nil {
 		return exitcode.Usagef("--replicas is required, e.g. --replicas 3")
-	}
-	if err := validateTarget(o.change.req.target); err != nil {
-		return err
 	}
 	return o.change.validate()
 }

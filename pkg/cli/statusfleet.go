@@ -70,7 +70,7 @@ func (o *StatusOptions) etcdHealth(ctx context.Context, c fleet.Cluster) *fleet.
 		return &fleet.EtcdHealth{Error: err.Error()}
 	}
 	defer conn.close()
-	s, err := conn.engine.ReadFirst(ctx, conn.first)
+	s, err := conn.engine.SnapshotOf(ctx, conn.first)
 	if err != nil {
 		return &fleet.EtcdHealth{Error: err.Error()}
 	}

@@ -8,6 +8,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // UpgradeOptions replaces every control-plane machine of a cluster with one at
@@ -22,7 +23,7 @@ type UpgradeOptions struct {
 
 // NewUpgradeOptions returns the upgrade verb's defaults.
 func NewUpgradeOptions(streams genericiooptions.IOStreams) *UpgradeOptions {
-	return &UpgradeOptions{change: newChangeOptions(streams, "upgrade"), WorkersTimeout: 30 * time.Minute}
+	return &UpgradeOptions{change: newChangeOptions(streams, rollout.UpgradeOperation), WorkersTimeout: 30 * time.Minute}
 }
 
 // NewCmdUpgrade returns the upgrade verb. runF, when set, replaces Run, so
@@ -74,11 +75,11 @@ listed and confirmed at the terminal, or needs --yes.`,
 	}
 	o.change.addFlags(cmd)
 	o.change.addFleetFlags(cmd.Flags())
-	target := &o.change.req.target
-	cmd.Flags().StringVar(&target.Version, "version", "", "The Kubernetes version to upgrade to, e.g. v1.36.3 (required)")
-	cmd.Flags().StringVar(&target.Template, "infrastructure-template", "", "The InfraMachineTemplate the new machines are made from, with --version (of the kind and namespace the KubeadmControlPlane uses today): a new machine image with the version")
-	cmd.Flags().StringSliceVar(&target.Via, "via", nil, "Versions to pass through first, one complete rollout each, in order: one of each minor between the control plane's and --version, e.g. --via v1.35.2")
-	cmd.Flags().BoolVar(&target.ReplaceUnhealthy, "replace-unhealthy", false, "Replace first, as this run's first steps, the control-plane machines found broken before it starts (without it, the run refuses them and names the replace command)")
+	request := &o.change.req.request
+	cmd.Flags().StringVar(&request.Version, "version", "", "The Kubernetes version to upgrade to, e.g. v1.36.3 (required)")
+	cmd.Flags().StringVar(&request.Template, "infrastructure-template", "", "The InfraMachineTemplate the new machines are made from, with --version (of the kind and namespace the KubeadmControlPlane uses today): a new machine image with the version")
+	cmd.Flags().StringSliceVar(&request.Via, "via", nil, "Versions to pass through first, one complete rollout each, in order: one of each minor between the control plane's and --version, e.g. --via v1.35.2")
+	cmd.Flags().BoolVar(&request.ReplaceUnhealthy, "replace-unhealthy", false, "Replace first, as this run's first steps, the control-plane machines found broken before it starts (without it, the run refuses them and names the replace command)")
 	cmd.Flags().BoolVar(&o.WaitWorkers, "wait-workers", false, "On a ClusterClass (topology) cluster, also wait until the topology controller has upgraded every MachineDeployment to VERSION")
 	cmd.Flags().DurationVar(&o.WorkersTimeout, "workers-timeout", o.WorkersTimeout, "How long --wait-workers waits for the workers")
 	cmd.Flags().DurationVar(&o.change.wait.Timeouts.Topology, "topology-timeout", o.change.wait.Timeouts.Topology, "On a ClusterClass (topology) cluster, how long the topology controller may take to copy VERSION from the Cluster into the KubeadmControlPlane (BeforeClusterUpgrade hooks can hold it)")
@@ -97,12 +98,9 @@ func (o *UpgradeOptions) Complete(cmd *cobra.Command, args []string) error {
 
 // Validate checks the flags; it changes nothing.
 func (o *UpgradeOptions) Validate() error {
-	target, timeouts := o.change.req.target, o.change.wait.Timeouts
-	if target.Version == "" {
+	request, timeouts := o.change.req.request, o.change.wait.Timeouts
+	if request.Version == "" {
 		return exitcode.Usagef("--version is required, e.g. --version v1.36.3")
-	}
-	if err := validateTarget(target); err != nil {
-		return err
 	}
 	if timeouts.Topology <= 0 {
 		return exitcode.Usagef("--topology-timeout must be positive, not %s", timeouts.Topology)

@@ -71,13 +71,12 @@ const machineReadsAtOnce = 8
 // A KubeadmControlPlane that reconciles (not paused, its status observed at
 // its current generation) counts its own machines and those up to date by
 // KCP's full comparison, in its status: Overview takes them from there.
-// Listing every Machine instead costs most of the time at fleet scale (a
-// Machine is about 9 KB as the API server sends it; 5,000 of them took
-// 2.4-4 s to list here, against about a second for everything else). A
-// paused or not yet observed control plane's status may be stale, and that
-// is the one a person looks at mid-rollout: its Machines are listed, and
-// counted as up to date when at the KubeadmControlPlane's version and not
-// marked out of date by KCP, nor being deleted.
+// Listing every Machine instead costs most of the time at fleet scale
+// (measured in docs/performance.md, "`status -A` over a fleet"). A paused
+// or not yet observed control plane's status may be stale, and that is the
+// one a person looks at mid-rollout: its Machines are listed, and counted
+// as up to date when at the KubeadmControlPlane's version and not marked
+// out of date by KCP, nor being deleted.
 func Overview(ctx context.Context, l *Lister, scope Scope) ([]Row, error) {
 	var (
 		clusters []selected

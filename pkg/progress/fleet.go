@@ -120,7 +120,7 @@ func newBoard(w io.Writer) *board {
 func (b *board) add(name string) *boardLine {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	l := &boardLine{b: b, name: name, started: time.Now(), current: Event{Action: "connect", Phase: Started}}
+	l := &boardLine{b: b, name: name, started: time.Now(), current: Event{Action: ConnectAction, Phase: Started}}
 	b.live = append(b.live, l)
 	return l
 }

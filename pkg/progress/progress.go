@@ -40,6 +40,10 @@ const (
 	FleetAction = "fleet"
 )
 
+// ConnectAction is what the fleet board shows of a cluster whose run has
+// reported no step yet: it is connecting. No event carries it.
+const ConnectAction = "connect"
+
 // Event is one progress report. Its JSON form is a stable, documented
 // interface for scripts: fields are only ever added.
 type Event struct {
