@@ -30,7 +30,7 @@ func (e *Engine) drain(ctx context.Context, m *clusterv1.Machine) (d workload.Dr
 	if node == "" || drainLeftToClusterAPI(m) {
 		return d, nil
 	}
-	rules, err := e.ControlPlane.DrainRules(ctx)
+	rules, err := e.Machines.DrainRules(ctx)
 	if err != nil || len(rules) > 0 {
 		return d, ctx.Err()
 	}

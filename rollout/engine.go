@@ -34,12 +34,11 @@ import (
 	"github.com/cp-rollout/cp-rollout/pkg/workload"
 )
 
-// ControlPlane is what the engine reads and writes on the management cluster,
-// role by role; *controlplane.Client provides all of it. The Engine holds
-// the whole, as it plays every role; a function that needs one role takes
-// that role (viaOf a Topology, withSpec a Reader, orLockedOut a
-// ClusterLock), and a test fakes the roles it is about (loop_test.go's
-// roles joins one fake per role).
+// ControlPlane is what the engine reads and writes on the management cluster:
+// every role at once, as *controlplane.Client plays them. The Engine takes
+// it role by role (Plays); whatever needs one role takes that role (viaOf a
+// Topology, withSpec a Reader, orLockedOut a ClusterLock), and a test sets
+// on the Engine only the roles it is about.
 type ControlPlane interface {
 	Reader
 	Machines
@@ -63,6 +62,12 @@ type Reader interface {
 	ReadKCP(ctx context.Context) (*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, error)
 	// WithKCP is cp as KCP would see it with want as its spec.
 	WithKCP(ctx context.Context, cp *kcpstate.ControlPlane, want *controlplanev1.KubeadmControlPlane) (*kcpstate.ControlPlane, error)
+	// KubeadmConfigsUnread reports whether the reads go without the
+	// machines' KubeadmConfigs, which the identity may not read.
+	KubeadmConfigsUnread() bool
+	// Unjudged names the machines of cp whose up-to-dateness is unknown
+	// without their KubeadmConfigs.
+	Unjudged(cp *kcpstate.ControlPlane) collections.Machines
 }
 
 // Machines is what a run does to the machines, as KCP would.
@@ -211,8 +216,17 @@ type Lock interface {
 
 // Engine runs the blocking loop against one control plane.
 type Engine struct {
-	ControlPlane ControlPlane
-	Workload     Workload
+	// The management cluster, role by role: Plays sets them all from one
+	// control plane; a test sets the ones it is about, and a role it leaves
+	// nil panics when used.
+	Reader   Reader
+	Machines Machines
+	// Lease is the cluster's lock; the lock a run takes is passed, not kept.
+	Lease    ClusterLock
+	HandOver HandOver
+	Topology Topology
+
+	Workload Workload
 	// Etcd is nil when etcd is external.
 	Etcd Etcd
 	// Changes may be nil: the loop then reads again every etcdPoll.
@@ -235,11 +249,18 @@ type Engine struct {
 	seenHealthy map[string]bool
 }
 
+// Plays has cp play every management-cluster role of e, and returns e: the
+// one place an engine is given its control plane, so none is forgotten.
+func (e *Engine) Plays(cp ControlPlane) *Engine {
+	e.Reader, e.Machines, e.Lease, e.HandOver, e.Topology = cp, cp, cp, cp, cp
+	return e
+}
+
 // Read takes one live snapshot: management cluster first, then the workload
 // nodes of its machines, then etcd through those nodes. It checks nothing
 // and retries nothing: a run's loop reads through readOurs.
 func (e *Engine) Read(ctx context.Context) (*Snapshot, error) {
-	return e.snapshot(ctx, e.ControlPlane, e.Workload, false, nil)
+	return e.snapshot(ctx, e.Reader, e.Workload, false, nil)
 }
 
 // SnapshotOf completes cp, the control plane as connecting read it a moment
@@ -277,7 +298,7 @@ func (e *Engine) snapshot(ctx context.Context, src Source, nodes nodeReader, cac
 	}
 	if s.EtcdManaged && len(names) > 0 {
 		if s.Members, s.MembersRead, err = e.etcdMembers(ctx, s, prev); err != nil {
-			err = fmt.Errorf("workload cluster %s: etcd: %w", e.ControlPlane.Key(), err)
+			err = fmt.Errorf("workload cluster %s: etcd: %w", e.Reader.Key(), err)
 			// Members whose certificates the cluster's etcd CA did not sign
 			// cannot be trusted, and no retry mends that: refuse at once.
 			var untrusted *etcd.UntrustedError

@@ -84,7 +84,7 @@ func (e *Engine) AfterFailure(ctx context.Context, r Request, runErr error, hand
 	// The look reads even after ctx ended: an interrupted run says what it
 	// left too.
 	readCtx, cancelRead := cleanupContext(ctx)
-	cluster, kcp, err := e.ControlPlane.ReadKCP(readCtx)
+	cluster, kcp, err := e.Reader.ReadKCP(readCtx)
 	cancelRead()
 	if err != nil {
 		return Aftermath{}
@@ -141,11 +141,11 @@ func (e *Engine) handBackAfterFailure(ctx context.Context, operation string, cod
 // and left as it was.
 func (e *Engine) recordFailure(ctx context.Context, f record.Failure) {
 	err := e.holding(ctx, func(ctx context.Context, _ Lock) error {
-		_, kcp, err := e.ControlPlane.ReadKCP(ctx)
+		_, kcp, err := e.Reader.ReadKCP(ctx)
 		if err != nil {
 			return err
 		}
-		return e.ControlPlane.RecordFailure(ctx, kcp, f)
+		return e.HandOver.RecordFailure(ctx, kcp, f)
 	})
 	if err != nil && !errors.Is(err, context.Canceled) {
 		e.report(RecordFailure, "", progress.Failed, "the failure was not recorded on the KubeadmControlPlane: "+err.Error(), time.Now())

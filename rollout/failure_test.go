@@ -200,7 +200,7 @@ func TestStatusShowsTheLastFailure(t *testing.T) {
 	raw, _ := json.Marshal(rec)
 	w.CP.KCP.Annotations = map[string]string{clusterv1.PausedAnnotation: "true", record.Annotation: string(raw)}
 	f := newScripted(w)
-	st, err := (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background(), nil)
+	st, err := (&Engine{Reader: f, Lease: f, Workload: f, Etcd: f}).Status(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +215,7 @@ func TestStatusShowsTheLastFailure(t *testing.T) {
 	}
 
 	w.CP.KCP.Annotations[record.Annotation] = `{"operation":"upgrade","target":"v1.36.3","who":"ops","started":"2026-01-01T10:00:00Z"}`
-	if st, err = (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background(), nil); err != nil {
+	if st, err = (&Engine{Reader: f, Lease: f, Workload: f, Etcd: f}).Status(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if st.ControlPlane.State != "paused by cp-rollout since 2026-01-01T10:00:00Z" || st.Operation.LastFailure != nil {

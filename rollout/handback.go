@@ -64,7 +64,7 @@ func (h *HandedBack) Lines() []string {
 // that it is in charge. A pause without our record is someone else's and is
 // refused, never removed.
 func (e *Engine) Handback(ctx context.Context, force bool) (*HandedBack, error) {
-	cp, err := e.ControlPlane.Read(ctx)
+	cp, err := e.Reader.Read(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -77,7 +77,7 @@ func (e *Engine) Handback(ctx context.Context, force bool) (*HandedBack, error) 
 	}
 	h := &HandedBack{}
 	w := e.lockWait("broken")
-	h.LockBrokenFrom, err = e.ControlPlane.BreakLock(ctx, force, w.watching)
+	h.LockBrokenFrom, err = e.Lease.BreakLock(ctx, force, w.watching)
 	w.end(&err)
 	if err != nil {
 		return nil, err
@@ -88,7 +88,7 @@ func (e *Engine) Handback(ctx context.Context, force bool) (*HandedBack, error) 
 	// that starts now waits for this one. Under the lock too, the nodes an
 	// earlier run cordoned and never gave back are uncordoned.
 	err = e.holding(ctx, func(ctx context.Context, _ Lock) error {
-		if cp, err = e.ControlPlane.Read(ctx); err != nil {
+		if cp, err = e.Reader.Read(ctx); err != nil {
 			return err
 		}
 		if rec, err = record.Of(cp.KCP); err != nil {
@@ -106,7 +106,7 @@ func (e *Engine) Handback(ctx context.Context, force bool) (*HandedBack, error) 
 		if rec == nil {
 			return nil
 		}
-		if err := e.ControlPlane.Resume(ctx, cp.KCP); err != nil {
+		if err := e.HandOver.Resume(ctx, cp.KCP); err != nil {
 			return err
 		}
 		h.Record = rec

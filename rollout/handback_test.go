@@ -69,10 +69,8 @@ func handingBackOn(f *scripted, lock ClusterLock) (*Engine, *handingBack) {
 	if l, ok := lock.(*fakeLease); ok {
 		h.lease = l
 	}
-	cp := f.roles()
-	cp.ClusterLock, cp.HandOver = lock, h
 	e, _ := engineFor(f, fast)
-	e.ControlPlane = cp
+	e.Lease, e.HandOver = lock, h
 	return e, h
 }
 

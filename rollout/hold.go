@@ -28,7 +28,7 @@ type Held struct {
 // by CheckState, as any run's takeover is.
 func (e *Engine) Hold(ctx context.Context, reason string) (*Held, error) {
 	check := func(ctx context.Context) (*Held, *kcpstate.ControlPlane, error) {
-		cluster, kcp, err := e.ControlPlane.ReadKCP(ctx)
+		cluster, kcp, err := e.Reader.ReadKCP(ctx)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -46,7 +46,7 @@ func (e *Engine) Hold(ctx context.Context, reason string) (*Held, error) {
 	// takes nothing, and a run in flight explains the state best (exit 5).
 	held, _, err := check(ctx)
 	if err != nil {
-		return nil, orLockedOut(ctx, e.ControlPlane, err)
+		return nil, orLockedOut(ctx, e.Lease, err)
 	}
 	if held != nil {
 		return held, nil

@@ -233,7 +233,7 @@ func (e *Engine) createReplacement(ctx context.Context, s *Snapshot, next Step) 
 	e.steps.beginMachineStep(false)
 	st := e.begin(Create, "", next.Reason)
 	defer st.end(&err)
-	m, err := e.ControlPlane.CreateReplacement(ctx, s.CP, next.FailureDomain)
+	m, err := e.Machines.CreateReplacement(ctx, s.CP, next.FailureDomain)
 	if err != nil {
 		return err
 	}
@@ -243,7 +243,7 @@ func (e *Engine) createReplacement(ctx context.Context, s *Snapshot, next Step) 
 	// it into its remediation-for annotation); as KCP's createMachine does,
 	// the KubeadmControlPlane's record of it goes.
 	if _, ok := s.CP.KCP.Annotations[controlplanev1.RemediationInProgressAnnotation]; ok {
-		if err := e.ControlPlane.SetRemediation(ctx, s.CP.KCP, ""); err != nil {
+		if err := e.HandOver.SetRemediation(ctx, s.CP.KCP, ""); err != nil {
 			return err
 		}
 	}
@@ -294,7 +294,7 @@ func (e *Engine) settle(ctx context.Context) (err error) {
 func (e *loop) deleteVictim(ctx context.Context, t Target, s *Snapshot, next Step) (err error) {
 	m := next.Machine
 	e.steps.beginMachineStep(true)
-	if err := e.ControlPlane.EnsureCleanupHook(ctx, m); err != nil {
+	if err := e.Machines.EnsureCleanupHook(ctx, m); err != nil {
 		return err
 	}
 	drained, err := e.drain(ctx, m)
@@ -337,13 +337,13 @@ func (e *Engine) recordRemediation(ctx context.Context, t Target, s *Snapshot, m
 	if !ok {
 		return nil
 	}
-	return e.ControlPlane.SetRemediation(ctx, s.CP.KCP, r.Marshal())
+	return e.HandOver.SetRemediation(ctx, s.CP.KCP, r.Marshal())
 }
 
 func (e *Engine) delete(ctx context.Context, m *clusterv1.Machine, why string) (err error) {
 	st := e.begin(Delete, m.Name, why)
 	defer st.end(&err)
-	if err := e.ControlPlane.Delete(ctx, m); err != nil {
+	if err := e.Machines.Delete(ctx, m); err != nil {
 		return fmt.Errorf("deleting machine %s: %w", m.Name, err)
 	}
 	st.done("deletion started")
@@ -456,7 +456,7 @@ func (e *loop) syncMachines(ctx context.Context, s *Snapshot, next Step) (err er
 	machines, _ := OutOfSync(s)
 	var names []string
 	for _, m := range machines {
-		if err := e.ControlPlane.SyncMachine(ctx, s.CP, m); err != nil {
+		if err := e.Machines.SyncMachine(ctx, s.CP, m); err != nil {
 			return err
 		}
 		names = append(names, m.Name)
@@ -471,7 +471,7 @@ func (e *loop) syncMachines(ctx context.Context, s *Snapshot, next Step) (err er
 func (e *Engine) release(ctx context.Context, m *clusterv1.Machine) (err error) {
 	st := e.begin(Release, m.Name, "removing the pre-terminate hook")
 	defer st.end(&err)
-	if err := e.ControlPlane.RemoveCleanupHook(ctx, m); err != nil {
+	if err := e.Machines.RemoveCleanupHook(ctx, m); err != nil {
 		return err
 	}
 	st.done("pre-terminate hook removed; the Machine controller finishes the deletion")

@@ -40,8 +40,8 @@ import (
 // machine reaches its pre-terminate stage and, once released, is gone.
 //
 // The embedded interfaces stay nil: a method the loop must not call panics.
-// It plays every role of the ControlPlane; a test that fakes one role in
-// another way joins its fake with scripted's others (roles).
+// It plays every role of the ControlPlane, one simulated world; a test that
+// fakes one role in another way sets that role on the engine in its stead.
 type scripted struct {
 	ControlPlane
 	Workload
@@ -101,18 +101,6 @@ type scripted struct {
 	// What an invariant monitor would see, sampled after every change.
 	maxMachines, minHealthyVoters int
 }
-
-// roles is a ControlPlane joined from one fake per role.
-type roles struct {
-	Reader
-	Machines
-	ClusterLock
-	HandOver
-	Topology
-}
-
-// roles is f playing each role, for a test to replace the one it fakes.
-func (f *scripted) roles() roles { return roles{f, f, f, f, f} }
 
 func newScripted(w *Snapshot) *scripted {
 	f := &scripted{world: w, stuck: map[string]string{}, minHealthyVoters: 1 << 30}
@@ -174,6 +162,9 @@ func (f *scripted) ReadKCP(ctx context.Context) (*clusterv1.Cluster, *controlpla
 	}
 	return cp.Cluster, cp.KCP, nil
 }
+
+// KubeadmConfigsUnread: the scripted identity reads everything.
+func (f *scripted) KubeadmConfigsUnread() bool { return false }
 
 func (f *scripted) Lease(context.Context) (*coordinationv1.Lease, error) { return f.lease, nil }
 
@@ -528,7 +519,7 @@ var fast = Timeouts{Provision: time.Minute, Health: time.Minute, Delete: time.Mi
 
 func engineFor(f *scripted, timeouts Timeouts) (*Engine, *events) {
 	ev := &events{}
-	return &Engine{ControlPlane: f, Workload: f, Etcd: f, Changes: f, Reporter: ev, Timeouts: timeouts}, ev
+	return (&Engine{Workload: f, Etcd: f, Changes: f, Reporter: ev, Timeouts: timeouts}).Plays(f), ev
 }
 
 // pausedByUs marks the world's KCP as this tool's, as Run leaves it.
@@ -1291,9 +1282,9 @@ type handover struct {
 // engineWithHandover is an engine on f whose HandOver role is h.
 func engineWithHandover(f *scripted, h *handover) *Engine {
 	h.f = f
-	cp := f.roles()
-	cp.HandOver = h
-	return &Engine{ControlPlane: cp, Workload: f, Etcd: f, Changes: f, Timeouts: fast}
+	e := (&Engine{Workload: f, Etcd: f, Changes: f, Timeouts: fast}).Plays(f)
+	e.HandOver = h
+	return e
 }
 
 func (h *handover) Pause(_ context.Context, cluster *clusterv1.Cluster, kcp *controlplanev1.KubeadmControlPlane, rec record.Record, _ time.Duration, mayTakeOver func(*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane) error) (*controlplanev1.KubeadmControlPlane, error) {

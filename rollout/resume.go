@@ -21,7 +21,7 @@ func (e *Engine) awaitPausedAgain(ctx context.Context, kcp *controlplanev1.Kubea
 	}
 	st := e.begin(Pause, "", "waiting for KubeadmControlPlane "+kcp.Name+" to report the pause this run resumes under")
 	defer st.end(&err)
-	if kcp, err = e.ControlPlane.AwaitPaused(ctx, kcp, e.Timeouts.pause()); err != nil {
+	if kcp, err = e.HandOver.AwaitPaused(ctx, kcp, e.Timeouts.pause()); err != nil {
 		return nil, err
 	}
 	st.done("KCP reports Paused")

@@ -67,7 +67,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 		return nil, err
 	}
 	if err := CheckState(s, r); err != nil {
-		return nil, orLockedOut(ctx, e.ControlPlane, err)
+		return nil, orLockedOut(ctx, e.Lease, err)
 	}
 	hops, first, err := e.hops(ctx, s, r)
 	if err != nil {
@@ -88,7 +88,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 	} else if done != "" {
 		return &Prepared{Request: r, NothingToDo: done}, nil
 	}
-	future, err := withSpec(ctx, e.ControlPlane, s, want)
+	future, err := withSpec(ctx, e.Reader, s, want)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +99,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 	// A `pause` record is no run of ours to resume: it only holds KCP back.
 	resuming := rec != nil && rec.Operation != string(PauseOperation)
 	if t, err = Admit(future, r, t, resuming); err != nil {
-		return nil, orLockedOut(ctx, e.ControlPlane, err)
+		return nil, orLockedOut(ctx, e.Lease, err)
 	}
 	p := &Prepared{Request: r, Snapshot: future, Target: t, Hops: hops, FirstHop: first}
 	if p.count(s, rec, resuming); p.NothingToDo != "" {
@@ -108,7 +108,7 @@ func (e *Engine) Prepare(ctx context.Context, r Request, connected *kcpstate.Con
 	// Refuse an unsafe control plane now, before the lock and the pause: a
 	// refusal then changes nothing.
 	if step := Next(ctx, future, t); step.Action == Refuse {
-		return nil, orLockedOut(ctx, e.ControlPlane, exitcode.Unsafef("%w; nothing was changed", step.Err))
+		return nil, orLockedOut(ctx, e.Lease, exitcode.Unsafef("%w; nothing was changed", step.Err))
 	}
 	return p, nil
 }
@@ -142,7 +142,7 @@ func (p *Prepared) count(s *Snapshot, rec *record.Record, resuming bool) {
 func (e *Engine) hops(ctx context.Context, s *Snapshot, r Request) (hops []string, first int, err error) {
 	hops = []string{r.Version}
 	if r.Version != "" {
-		via, err := viaOf(ctx, e.ControlPlane, s, r)
+		via, err := viaOf(ctx, e.Topology, s, r)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -163,7 +163,7 @@ func (e *Engine) desired(ctx context.Context, s *Snapshot, hop Request) (*contro
 		return nil, err
 	}
 	if hop.Template != "" {
-		if err := e.ControlPlane.CheckTemplate(ctx, want); err != nil {
+		if err := e.HandOver.CheckTemplate(ctx, want); err != nil {
 			return nil, err
 		}
 	}
@@ -319,7 +319,7 @@ func orLockedOut(ctx context.Context, cl ClusterLock, refusal error) error {
 // its own while the tool watches whether its holder still renews it.
 func (e *Engine) acquire(ctx context.Context) (lock *runlock.Lock, err error) {
 	w := e.lockWait("taken over")
-	lock, err = e.ControlPlane.Acquire(ctx, record.Who(), w.watching)
+	lock, err = e.Lease.Acquire(ctx, record.Who(), w.watching)
 	w.end(&err)
 	return lock, err
 }
@@ -480,7 +480,7 @@ func (e *Engine) runHop(ctx context.Context, lock Lock, p *Prepared, i int) erro
 func (e *Engine) takeOver(ctx context.Context, lock Lock, r Request, version string) (*kcpstate.ControlPlane, error) {
 	// The hand-over decides on the Cluster and the KubeadmControlPlane alone,
 	// read again now that this run holds the Lease.
-	cluster, kcp, err := e.ControlPlane.ReadKCP(ctx)
+	cluster, kcp, err := e.Reader.ReadKCP(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -507,10 +507,10 @@ func (e *Engine) takeOver(ctx context.Context, lock Lock, r Request, version str
 			return nil, err
 		}
 	}
-	if err := e.ControlPlane.SetTarget(ctx, cluster, kcp, version, r.Template, r.Replicas, e.Timeouts.topology()); err != nil {
+	if err := e.HandOver.SetTarget(ctx, cluster, kcp, version, r.Template, r.Replicas, e.Timeouts.topology()); err != nil {
 		return nil, e.targetRejected(ctx, kcp, pausedNow, held, err)
 	}
-	live, err := e.ControlPlane.Read(ctx)
+	live, err := e.Reader.Read(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -544,12 +544,12 @@ func (e *Engine) targetRejected(ctx context.Context, kcp *controlplanev1.Kubeadm
 		cleanupCtx, cancel := cleanupContext(ctx)
 		defer cancel()
 		if held != nil {
-			if rerr := e.ControlPlane.Restore(cleanupCtx, kcp, *held); rerr != nil {
+			if rerr := e.HandOver.Restore(cleanupCtx, kcp, *held); rerr != nil {
 				return fmt.Errorf("the API server rejected the target (%v), and restoring the pause of KubeadmControlPlane %s failed: %w", err, kcp.Name, rerr)
 			}
 			return exitcode.Usagef("the API server rejected the target: %v; KubeadmControlPlane %s stays paused by cp-rollout pause", err, kcp.Name)
 		}
-		if rerr := e.ControlPlane.Resume(cleanupCtx, kcp); rerr != nil {
+		if rerr := e.HandOver.Resume(cleanupCtx, kcp); rerr != nil {
 			return fmt.Errorf("the API server rejected the target (%v), and handing KubeadmControlPlane %s back failed: %w", err, kcp.Name, rerr)
 		}
 		e.note(HandBack, "the target was rejected; KubeadmControlPlane "+kcp.Name+" unpaused, nothing changed")
@@ -570,15 +570,15 @@ func (e *Engine) pause(ctx context.Context, cluster *clusterv1.Cluster, kcp *con
 	}
 	st := e.begin(Pause, "", what)
 	defer st.end(&err)
-	kcp, err = e.ControlPlane.Pause(ctx, cluster, kcp, rec, e.Timeouts.pause(), takeoverCheck)
+	kcp, err = e.HandOver.Pause(ctx, cluster, kcp, rec, e.Timeouts.pause(), takeoverCheck)
 	if err != nil {
 		if kcp != nil {
 			cleanupCtx, cancelCleanup := cleanupContext(ctx)
 			defer cancelCleanup()
 			if held != nil {
-				_ = e.ControlPlane.Restore(cleanupCtx, kcp, *held)
+				_ = e.HandOver.Restore(cleanupCtx, kcp, *held)
 			} else {
-				_ = e.ControlPlane.Resume(cleanupCtx, kcp)
+				_ = e.HandOver.Resume(cleanupCtx, kcp)
 			}
 		}
 		return nil, err
@@ -605,7 +605,7 @@ func (e *Engine) prepareWorkload(ctx context.Context, live *kcpstate.ControlPlan
 func (e *Engine) handBack(ctx context.Context, live *kcpstate.ControlPlane) (machines []string, err error) {
 	st := e.begin(HandBack, "", "unpausing KubeadmControlPlane "+live.KCP.Name)
 	defer st.end(&err)
-	if err := e.ControlPlane.Complete(ctx, live.KCP); err != nil {
+	if err := e.HandOver.Complete(ctx, live.KCP); err != nil {
 		return nil, err
 	}
 	st.done("KubeadmControlPlane " + live.KCP.Name + " unpaused; KCP is in charge again")
@@ -618,7 +618,7 @@ func (e *Engine) handBack(ctx context.Context, live *kcpstate.ControlPlane) (mac
 // deleted (RBAC may not allow listing the infrastructure kind), the run says
 // so and goes on.
 func (e *Engine) removeOrphans(ctx context.Context, cp *kcpstate.ControlPlane) {
-	orphans, err := e.ControlPlane.Orphans(ctx, cp)
+	orphans, err := e.Machines.Orphans(ctx, cp)
 	if err != nil {
 		e.report(RemoveOrphan, "", progress.Failed, "could not look for pieces an interrupted run left behind: "+err.Error()+"; going on", time.Now())
 		return
@@ -632,7 +632,7 @@ func (e *Engine) removeOrphan(ctx context.Context, obj client.Object) (err error
 	what := obj.GetObjectKind().GroupVersionKind().Kind + " " + obj.GetName()
 	st := e.begin(RemoveOrphan, obj.GetName(), what+" has no Machine: an interrupted run created it; deleting it")
 	defer st.end(&err)
-	if err := e.ControlPlane.DeleteOrphan(ctx, obj); err != nil {
+	if err := e.Machines.DeleteOrphan(ctx, obj); err != nil {
 		return fmt.Errorf("%w; going on", err)
 	}
 	st.done(what + " deleted")

@@ -219,7 +219,7 @@ type addon struct {
 // refuses: nothing to wait for, and a warning.
 func (e *Engine) addonsBehind(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) (behind []addon, refused *workload.CoreDNSRefusedError) {
 	kubeProxy := addon{name: "kube-proxy", check: fmt.Sprintf("`kubectl -n kube-system get daemonset kube-proxy -o wide` on the workload cluster and KCP's Events (`kubectl -n %s describe kubeadmcontrolplane %s`)",
-		e.ControlPlane.Key().Namespace, kcp.Name)}
+		e.Reader.Key().Namespace, kcp.Name)}
 	switch what, err := e.Workload.KubeProxyBehind(ctx, kcp); {
 	case err != nil:
 		kubeProxy.what = "cannot read kube-proxy: " + err.Error()
@@ -337,7 +337,7 @@ func (e *Engine) pollUntil(ctx context.Context, st *step, limit time.Duration, c
 // from the watches' caches.
 func (e *Engine) readControlPlane(ctx context.Context, live bool) (*kcpstate.ControlPlane, error) {
 	if live || e.Cache == nil {
-		return e.ControlPlane.Read(ctx)
+		return e.Reader.Read(ctx)
 	}
 	return e.Cache.ControlPlane.Read(ctx)
 }

@@ -240,7 +240,7 @@ func (e *Engine) Status(ctx context.Context, connected *kcpstate.ControlPlane) (
 	cp := connected
 	if cp == nil {
 		var err error
-		if cp, err = e.ControlPlane.Read(ctx); err != nil {
+		if cp, err = e.Reader.Read(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -260,7 +260,7 @@ func (e *Engine) Status(ctx context.Context, connected *kcpstate.ControlPlane) (
 		st.Topology = &TopologyStatus{Class: t.ClassRef.Name, Version: t.Version, Replicas: t.ControlPlane.Replicas}
 	}
 
-	lease, err := e.ControlPlane.Lease(ctx)
+	lease, err := e.Lease.Lease(ctx)
 	switch {
 	case err != nil:
 		st.Errors = append(st.Errors, "reading the lock: "+err.Error())
@@ -281,8 +281,8 @@ func (e *Engine) Status(ctx context.Context, connected *kcpstate.ControlPlane) (
 	}
 	st.EtcdManaged = s.EtcdManaged
 	unjudged := collections.New()
-	if j, ok := e.ControlPlane.(unjudging); ok && j.KubeadmConfigsUnread() {
-		st.KubeadmConfigsNotRead, unjudged = true, j.Unjudged(s.CP)
+	if e.Reader.KubeadmConfigsUnread() {
+		st.KubeadmConfigsNotRead, unjudged = true, e.Reader.Unjudged(s.CP)
 	}
 	for _, m := range s.CP.Machines.SortedByCreationTimestamp() {
 		ms := MachineStatus{
@@ -318,16 +318,6 @@ func (e *Engine) Status(ctx context.Context, connected *kcpstate.ControlPlane) (
 		st.Next = &NextStatus{Action: string(step.Action), Machine: machineName(step.Machine), Member: memberName(step), Reason: step.Reason}
 	}
 	return st, nil
-}
-
-// unjudging is a ControlPlane whose reads may go without the machines'
-// KubeadmConfigs, which the identity may not read (*controlplane.Client).
-type unjudging interface {
-	// KubeadmConfigsUnread reports whether they went without.
-	KubeadmConfigsUnread() bool
-	// Unjudged names the machines of cp whose up-to-dateness is unknown
-	// without them.
-	Unjudged(cp *kcpstate.ControlPlane) collections.Machines
 }
 
 // healthCheck words a MachineHealthCheck's verdict on m, from the conditions

@@ -9,19 +9,19 @@ import (
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 	"sigs.k8s.io/cluster-api/util/collections"
 
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/record"
 )
 
 // TestStatusWithoutTheWorkloadCluster: an engine with no workload client (the
 // identity may not read the cluster's Secrets) shows the machines as the
 // management cluster has them and says that it read no more: no etcd member,
-// no next step, which would need their health, and no error. The scripted
-// control plane has no Workload or Etcd: a call to either panics.
+// no next step, which would need their health, and no error. The engine has
+// only the roles status reads, the Reader and the Lease: a call to any other
+// role, the Workload or Etcd included, panics.
 func TestStatusWithoutTheWorkloadCluster(t *testing.T) {
 	w := world(machineSpec{outdated: true}, machineSpec{}, machineSpec{deleting: true})
 	f := newScripted(w)
-	st, err := (&Engine{ControlPlane: f}).Status(context.Background(), nil)
+	st, err := (&Engine{Reader: f, Lease: f}).Status(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func TestStatusWithoutTheWorkloadCluster(t *testing.T) {
 
 	// With the workload cluster, the same control plane has members and a
 	// next step.
-	st, err = (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background(), nil)
+	st, err = (&Engine{Reader: f, Lease: f, Workload: f, Etcd: f}).Status(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,10 +54,6 @@ type withoutKubeadmConfigs struct {
 
 func (w withoutKubeadmConfigs) KubeadmConfigsUnread() bool { return true }
 
-// The control plane every verb is given tells status what it did not read;
-// without this, a rename would silently show every machine as judged.
-var _ unjudging = (*controlplane.Client)(nil)
-
 func (w withoutKubeadmConfigs) Unjudged(cp *kcpstate.ControlPlane) collections.Machines {
 	return cp.Machines.Filter(func(m *clusterv1.Machine) bool { return m != nil && slices.Contains(w.unjudged, m.Name) })
 }
@@ -71,7 +67,7 @@ func TestStatusWithoutKubeadmConfigs(t *testing.T) {
 	w := world(machineSpec{outdated: true}, machineSpec{}, machineSpec{})
 	names := w.CP.Machines.SortedByCreationTimestamp()
 	f := withoutKubeadmConfigs{scripted: newScripted(w), unjudged: []string{names[2].Name}}
-	for _, e := range []*Engine{{ControlPlane: f}, {ControlPlane: f, Workload: f, Etcd: f}} {
+	for _, e := range []*Engine{{Reader: f, Lease: f}, {Reader: f, Lease: f, Workload: f, Etcd: f}} {
 		st, err := e.Status(context.Background(), nil)
 		if err != nil {
 			t.Fatal(err)
@@ -98,7 +94,7 @@ func TestStatusWithoutKubeadmConfigs(t *testing.T) {
 // member no machine owns, and the member, as the loop would take it.
 func TestStatusShowsAStaleMemberAsNext(t *testing.T) {
 	f := newScripted(withMembers(world(machineSpec{}, machineSpec{}, machineSpec{}), staleLearner))
-	st, err := (&Engine{ControlPlane: f, Workload: f, Etcd: f}).Status(context.Background(), nil)
+	st, err := (&Engine{Reader: f, Lease: f, Workload: f, Etcd: f}).Status(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -108,7 +108,7 @@ func (e *Engine) summarize() {
 	if e.Reporter == nil {
 		return
 	}
-	key := e.ControlPlane.Key()
+	key := e.Reader.Key()
 	run := progress.Event{Time: time.Now(), Cluster: key.Name, Namespace: key.Namespace,
 		Step: e.steps.machine, Total: max(e.steps.total, e.steps.machine), ElapsedMs: time.Since(e.steps.began).Milliseconds()}
 	if e.Requests != nil {
@@ -129,7 +129,7 @@ func (e *Engine) reportHeld(action Action, machine string, phase progress.Phase,
 	if e.Reporter == nil {
 		return
 	}
-	key := e.ControlPlane.Key()
+	key := e.Reader.Key()
 	e.Reporter.Report(progress.Event{
 		Time: time.Now(), Cluster: key.Name, Namespace: key.Namespace,
 		Step: e.steps.machine, Total: max(e.steps.total, e.steps.machine), Action: string(action), Machine: machine, Phase: phase,

@@ -74,7 +74,7 @@ func (e *Engine) awaitWorkers(ctx context.Context, version string, limit time.Du
 	var count int
 	// MachineDeployments are not watched: every check reads them live.
 	err = e.pollUntil(ctx, st, limit, func(bool) ([]string, error) {
-		mds, err := e.ControlPlane.MachineDeployments(ctx)
+		mds, err := e.Topology.MachineDeployments(ctx)
 		switch {
 		case ctx.Err() != nil:
 			return nil, ctx.Err()

@@ -304,7 +304,8 @@ func viewOnly(warnings io.Writer) engineUse {
 type connected struct {
 	engine *rollout.Engine
 	// cp is the engine's management client, for what only it answers (the
-	// KCP controller's version, runChecks): the engine takes it by its roles.
+	// KCP controller's version, its identity, runChecks): the engine takes it
+	// by its roles.
 	cp *controlplane.Client
 	// first is the control plane as connect read it, the verb's first look.
 	first *kcpstate.ControlPlane
@@ -322,7 +323,7 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*connected, er
 	if err != nil {
 		return nil, err
 	}
-	engine := &rollout.Engine{ControlPlane: mc.cp, Reporter: use.reporter, Timeouts: use.timeouts, Requests: mc.counted.requests}
+	engine := (&rollout.Engine{Reporter: use.reporter, Timeouts: use.timeouts, Requests: mc.counted.requests}).Plays(mc.cp)
 	done := &connected{engine: engine, cp: mc.cp, first: mc.first, close: func() {}}
 	if !mc.workload {
 		// The preflight has said why; the Secrets are not even asked for, so

@@ -19,7 +19,6 @@ import (
 
 	"github.com/cp-rollout/cp-rollout/deploy/rbac"
 	"github.com/cp-rollout/cp-rollout/pkg/access"
-	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/fleet"
 	"github.com/cp-rollout/cp-rollout/rollout"
@@ -235,7 +234,7 @@ func (o *StatusOptions) clusterReader(ctx context.Context) (read func(context.Co
 		return nil, nil, err
 	}
 	// The first read takes the control plane connect has just read.
-	engine, connected := c.engine, c.first
+	engine, cp, connected := c.engine, c.cp, c.first
 	warned := false
 	return func(ctx context.Context) (*statusView, error) {
 		st, err := engine.Status(ctx, connected)
@@ -245,24 +244,21 @@ func (o *StatusOptions) clusterReader(ctx context.Context) (read func(context.Co
 		}
 		if st.KubeadmConfigsNotRead && !warned {
 			warned = true // once, as the preflight's: -w reads again and again
-			fmt.Fprintln(o.Streams.ErrOut, o.kubeadmConfigsWarning(ctx, engine.ControlPlane))
+			fmt.Fprintln(o.Streams.ErrOut, o.kubeadmConfigsWarning(ctx, cp.Kube()))
 		}
-		if r, ok := engine.ControlPlane.(kcpVersionReader); ok {
-			st.KCPController = kcpController(r.KCPControllerVersion(ctx))
-		}
+		st.KCPController = kcpController(cp.KCPControllerVersion(ctx))
 		return &statusView{status: st}, nil
 	}, c.close, nil
 }
 
 // kubeadmConfigsWarning says, as the preflight says of the Secrets, that
 // the machines' KubeadmConfigs were not read, why, which Role grants them,
-// and what the UP-TO-DATE column shows instead.
-func (o *StatusOptions) kubeadmConfigsWarning(ctx context.Context, cp rollout.ControlPlane) string {
+// and what the UP-TO-DATE column shows instead; kube is the management
+// client, whose identity it names.
+func (o *StatusOptions) kubeadmConfigsWarning(ctx context.Context, kube client.Client) string {
 	identity := "this identity"
-	if k, ok := cp.(interface{ Kube() client.Client }); ok {
-		if who := access.Identity(ctx, k.Kube()); who != "" {
-			identity = who
-		}
+	if who := access.Identity(ctx, kube); who != "" {
+		identity = who
 	}
 	scope := access.Scope{Namespace: o.conn.Namespace, Cluster: o.conn.Cluster}
 	return fmt.Sprintf("warning: KubeadmConfigs not read: they hold the machines' node-join token, and reading them needs get and list on kubeadmconfigs.%s in namespace %s, which %s lacks (Role %s grants it; %s prints it); UP-TO-DATE is KCP's own UpToDate condition on each machine, and unknown where KCP has not judged the KubeadmControlPlane's current spec",
@@ -351,16 +347,6 @@ func (o *StatusOptions) printCustomColumns(out io.Writer, rows []row) error {
 	}
 	return w.Flush()
 }
-
-// kcpVersionReader finds the KCP controller's version; *controlplane.Client,
-// which connect gives every engine, does. It is not part of
-// rollout.ControlPlane: the engine itself never reads it.
-type kcpVersionReader interface {
-	KCPControllerVersion(ctx context.Context) (string, error)
-}
-
-// Without this, a rename would leave status silently without the line.
-var _ kcpVersionReader = (*controlplane.Client)(nil)
 
 // kcpController is what status shows of the KCP controller, whatever the
 // read gave: status refuses nothing, so the version it could not read is

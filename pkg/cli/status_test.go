@@ -90,7 +90,7 @@ func TestStatusWithoutKubeadmConfigs(t *testing.T) {
 
 	o := NewStatusOptions(genericiooptions.IOStreams{})
 	o.conn.Namespace, o.conn.Cluster = "default", "demo"
-	warning := o.kubeadmConfigsWarning(context.Background(), controlplane.New(authorizerFor(readOnlyAccess), "default", "demo"))
+	warning := o.kubeadmConfigsWarning(context.Background(), authorizerFor(readOnlyAccess))
 	for _, want := range []string{"warning: KubeadmConfigs not read", "node-join token", "kubeadmconfigs.bootstrap.cluster.x-k8s.io in namespace default",
 		"which oncall lacks", "Role cp-rollout-operate-demo grants it", "`kubectl cp-rollout rbac demo -n default`", "unknown where KCP has not judged"} {
 		if !strings.Contains(warning, want) {

@@ -75,8 +75,8 @@ func TestMoveLeaderFallsBackToNextCandidate(t *testing.T) {
 	flaky := &failFirstMove{Etcd: ec}
 	var out bytes.Buffer
 	reporter := progress.New("json", &out, io.Discard)
-	engine := &rollout.Engine{ControlPlane: controlplane.New(mgmt, ns, cluster), Workload: wl, Etcd: flaky,
-		Reporter: reporter, Timeouts: rollout.DefaultTimeouts}
+	engine := (&rollout.Engine{Workload: wl, Etcd: flaky,
+		Reporter: reporter, Timeouts: rollout.DefaultTimeouts}).Plays(controlplane.New(mgmt, ns, cluster))
 
 	// Replace the machine whose member leads, so leadership must move.
 	var nodes []etcd.Node
