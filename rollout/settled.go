@@ -308,7 +308,10 @@ func (e *Engine) pollUntil(ctx context.Context, st *step, limit time.Duration, c
 	var awaited string
 	began, lastLive := time.Now(), time.Now()
 	for {
-		live := e.Cache == nil || time.Since(lastLive) > pollLiveEvery
+		// Past the limit the read is live too: a cache fallen behind must
+		// not be what fails the wait.
+		overdue := time.Since(began) > limit
+		live := e.Cache == nil || time.Since(lastLive) > pollLiveEvery || overdue
 		if live {
 			lastLive = time.Now()
 		}
@@ -326,7 +329,7 @@ func (e *Engine) pollUntil(ctx context.Context, st *step, limit time.Duration, c
 			awaited = left[0]
 			st.waiting(awaited)
 		}
-		if time.Since(began) > limit {
+		if overdue {
 			return expired(left)
 		}
 		e.waitForChange(ctx, etcdPoll)

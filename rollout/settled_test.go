@@ -206,6 +206,21 @@ func TestAwaitSettledReadsLiveWhenTheWatchesStop(t *testing.T) {
 	}
 }
 
+// TestAwaitSettledExpiresOnALiveRead: with a limit shorter than the live
+// period, the stale cache is all the wait reads until the limit passes; the
+// read that would fail the wait is made live, and finds KCP settled.
+func TestAwaitSettledExpiresOnALiveRead(t *testing.T) {
+	f := settledWorld()
+	stopped := f.world.clone().CP
+	stopped.KCP = stopped.KCP.DeepCopy()
+	conditions.Set(stopped.KCP, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionTrue, Reason: clusterv1.PausedReason})
+	e, _ := engineFor(f, Timeouts{Handback: time.Second})
+	e.Cache = &Cache{ControlPlane: readFunc(func(context.Context) (*kcpstate.ControlPlane, error) { return stopped, nil }), Workload: f}
+	if err := e.awaitSettled(t.Context(), f.world.CP.Machines.Names(), e.Timeouts.Handback); err != nil {
+		t.Fatalf("awaitSettled failed on the stale cache: %v", err)
+	}
+}
+
 // TestAwaitSettledWarnsOfACoreDNSMoveKCPRefuses: KCP's reconcile fails on a
 // CoreDNS move it refuses before it writes its status, so it never observes
 // its generation; the rollout is done all the same, and the wait ends at

@@ -59,6 +59,13 @@ func (o *requestOptions) printPlan(ctx context.Context) (pending bool, err error
 	}
 	defer c.close()
 	refusal := o.conn.runChecks(ctx, c.cp, c.first.KCP)
+	if c.cp.KubeadmConfigsUnread() {
+		// Without them every machine would look to KCP's comparison as
+		// if its KubeadmConfig matched, or were missing: no step decided
+		// on that is the run's.
+		return o.showPlan(nil, nil, exitcode.Forbiddenf("a plan's steps compare the machines' KubeadmConfigs, which this identity may not get or list in namespace %s (Role %s grants it; `kubectl cp-rollout rbac %s -n %s` prints it)",
+			o.conn.Namespace, "cp-rollout-operate-"+o.conn.Cluster, o.conn.Cluster, o.conn.Namespace), refusal)
+	}
 	prepared, err := c.engine.Prepare(ctx, o.request, c.first)
 	var hops [][]rollout.Step
 	if err == nil && prepared.NothingToDo == "" {

@@ -68,9 +68,9 @@ func (t fencedTransport) WrappedRoundTripper() http.RoundTripper { return t.next
 
 // fenced reports whether r is a write the lock must cover: any request but a
 // read, except the run's own Lease and Events (the audit trail of the very
-// stop). A port-forward only opens a stream (a POST upgrade, or a GET for
-// its websocket form): either way the etcd requests inside it are fenced on
-// their own (DialOptions).
+// stop). A port-forward only opens a stream: its SPDY form, a POST upgrade,
+// is fenced here like any write, its websocket form, a GET, is not; either
+// way every etcd request inside it is fenced on its own (DialOptions).
 func (f *Fence) fenced(r *http.Request) bool {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:

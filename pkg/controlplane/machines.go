@@ -106,8 +106,9 @@ func (c *Client) createMachine(ctx context.Context, templates client.Client, kcp
 		left := fmt.Sprintf("its %s and KubeadmConfig %s were left", infra.GetKind(), config.Name)
 		switch {
 		case exitcode.Of(err) == exitcode.Locked:
-			// Never sent; but with the lock gone, neither may the cleanup be.
-			return nil, fmt.Errorf("creating Machine %s: %w (not sent; %s, and the next run deletes them)", machine.Name, err, left)
+			// Stopped before it left (or before a retry of client-go's
+			// left): with the lock gone, no cleanup may be sent either.
+			return nil, fmt.Errorf("creating Machine %s: %w (%s: the next run goes on with the Machine, or deletes them if there is none)", machine.Name, err, left)
 		case !refusedUnapplied(err):
 			// The apply may have gone through before its answer was lost (a
 			// cancelled or timed-out call, a 5xx), or a slow server may still
@@ -123,15 +124,17 @@ func (c *Client) createMachine(ctx context.Context, templates client.Client, kcp
 
 // refusedUnapplied reports whether err is an API server's answer that it did
 // not apply the request: refused as it stood (invalid, forbidden,
-// conflicting, rate-limited, ...). Anything else — a timeout, a 5xx, a
-// broken connection, a cancellation — leaves open whether it was applied.
+// conflicting, ...). Anything else — a timeout, a 5xx, a broken connection,
+// a cancellation — leaves open whether it was applied, and so does a 429:
+// client-go retries a 429 or a 5xx that carries Retry-After, so a 429 may be
+// the answer to a retry of a request whose first attempt was applied.
 func refusedUnapplied(err error) bool {
 	var status apierrors.APIStatus
 	if !errors.As(err, &status) {
 		return false
 	}
 	switch code := status.Status().Code; {
-	case code == http.StatusRequestTimeout:
+	case code == http.StatusRequestTimeout, code == http.StatusTooManyRequests:
 		return false
 	case code >= 400 && code < 500:
 		return true

@@ -105,6 +105,9 @@ func TestAmbiguousMachineCreateKeepsItsPieces(t *testing.T) {
 		{"timeout after the apply", apierrors.NewTimeoutError("request did not complete within 34s", 0), true, true},
 		{"503 after the apply", apierrors.NewServiceUnavailable("etcdserver: leader changed"), true, true},
 		{"connection reset, not applied", errors.New("read tcp 10.0.0.1:6443: connection reset by peer"), false, true},
+		// client-go retries a 5xx with Retry-After: the retry's 429 may
+		// answer a request whose first attempt was applied.
+		{"429 after a retried apply", apierrors.NewTooManyRequests("the server is busy", 1), true, true},
 		{"forbidden", apierrors.NewForbidden(machines, "", errors.New("denied by policy")), false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
