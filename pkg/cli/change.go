@@ -143,6 +143,16 @@ func (o *changeOptions) converge(ctx, runCtx context.Context, reporter progress.
 		return nil
 	}
 	if err == nil {
+		var report *checkReport
+		if report, err = o.req.readiness(runCtx, c, prepared, o.wait.Timeouts); err != nil {
+			return stopCause(runCtx, err)
+		}
+		if report != nil {
+			printFindingLines(o.req.Streams.ErrOut, report)
+			if err := report.refusal(); err != nil {
+				return err // nothing taken over: no pause to explain
+			}
+		}
 		err = engine.Run(runCtx, prepared)
 	}
 	if err == nil {

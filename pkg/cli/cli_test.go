@@ -141,6 +141,12 @@ func TestBadInputIsUsageError(t *testing.T) {
 		{"scale negative", []string{"scale", "demo", "--replicas", "-1"}, "at least 1"},
 		{"replace without machine", []string{"replace", "demo"}, "two arguments"},
 		{"status bad output", []string{"status", "demo", "-o", "xml"}, "--output must be one of"},
+		{"check without version", []string{"check", "demo"}, "--version is required"},
+		{"check bad version", []string{"check", "demo", "--version", "1.36"}, "--version 1.36 is not a Kubernetes version"},
+		{"check unknown skip", []string{"check", "demo", "--version", "v1.36.3", "--skip-check", "etcdd"}, `--skip-check "etcdd" is not a check; the checks are removed-apis, version-skew`},
+		{"upgrade unknown skip", []string{"upgrade", "demo", "--version", "v1.36.3", "--skip-check", "all"}, `--skip-check "all" is not a check`},
+		{"skip without upgrade", []string{"plan", "demo", "--replicas", "3", "--skip-check", "etcd"}, "--skip-check needs --version"},
+		{"check bad output", []string{"check", "demo", "--version", "v1.36.3", "-o", "xml"}, "--output must be one of"},
 		{"upgrade output yaml", []string{"upgrade", "demo", "--version", "v1.36.3", "-o", "yaml"}, "--output must be one of text, json"},
 	}
 	for _, tc := range cases {

@@ -309,6 +309,10 @@ type connected struct {
 	cp *controlplane.Client
 	// first is the control plane as connect read it, the verb's first look.
 	first *kcpstate.ControlPlane
+	// workload is the workload cluster's client, nil when the verb does not
+	// reach it (the preflight said why): what check reads beyond the
+	// engine's view.
+	workload *workload.Client
 	// close ends the etcd client, the watches and the audit trail, whichever
 	// were started.
 	close func()
@@ -337,7 +341,7 @@ func (c *connection) connect(ctx context.Context, use engineUse) (*connected, er
 	case wl == nil: // handback goes on without a workload cluster it cannot reach
 		return done, nil
 	}
-	engine.Workload, done.close = wl, closeEtcd
+	engine.Workload, done.workload, done.close = wl, wl, closeEtcd
 	if members != nil { // nil: external etcd, or handback, which needs none
 		engine.Etcd = members
 	}

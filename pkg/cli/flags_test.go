@@ -35,6 +35,7 @@ func TestEachVerbHasOnlyItsFlags(t *testing.T) {
 		// A plan changes nothing and waits for nothing.
 		"plan":       {selects: true, forbidden: all(fleetRun, waits, []string{"dry-run", "on-failure"})},
 		"status":     {selects: true, forbidden: all(fleetRun, waits, []string{"dry-run", "on-failure"})},
+		"check":      {selects: true, forbidden: all(fleetRun, waits, []string{"dry-run", "on-failure"})},
 		"handback":   {selects: true, forbidden: all([]string{"parallel", "max-failures"}, waits, []string{"dry-run", "on-failure"})},
 		"rbac":       {forbidden: all(fleetRun, waits)},
 		"version":    {forbidden: all(fleetRun, waits)},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/progress"
+	"github.com/cp-rollout/cp-rollout/pkg/readiness"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
@@ -63,18 +64,24 @@ func (o *requestOptions) printPlan(ctx context.Context) (pending bool, err error
 		// Without them every machine would look to KCP's comparison as
 		// if its KubeadmConfig matched, or were missing: no step decided
 		// on that is the run's.
-		return o.showPlan(nil, nil, exitcode.Forbiddenf("a plan's steps compare the machines' KubeadmConfigs, which this identity may not get or list in namespace %s (Role %s grants it; `kubectl cp-rollout rbac %s -n %s` prints it)",
+		return o.showPlan(nil, nil, nil, exitcode.Forbiddenf("a plan's steps compare the machines' KubeadmConfigs, which this identity may not get or list in namespace %s (Role %s grants it; `kubectl cp-rollout rbac %s -n %s` prints it)",
 			o.conn.Namespace, "cp-rollout-operate-"+o.conn.Cluster, o.conn.Cluster, o.conn.Namespace), refusal)
 	}
 	prepared, err := c.engine.Prepare(ctx, o.request, c.first)
 	var hops [][]rollout.Step
+	var report *checkReport
 	if err == nil && prepared.NothingToDo == "" {
 		hops = rollout.PlanHops(ctx, prepared)
+		report, err = o.readiness(ctx, c, prepared, rollout.DefaultTimeouts)
 	}
-	return o.showPlan(prepared, hops, err, refusal)
+	if refusal == nil && report != nil {
+		refusal = report.refusal()
+	}
+	return o.showPlan(prepared, hops, report, err, refusal)
 }
 
-// showPlan prints the plan Prepare and PlanHops made, or the error that kept
+// showPlan prints the plan Prepare and PlanHops made with the readiness
+// checks' report (nil but for an upgrade not begun), or the error that kept
 // Prepare from making one (planErr), and reports whether it has steps. An
 // error of runChecks (refusal) comes first, as in the run, which stops there
 // before Prepare's checks or any step: the plan is still printed, and the
@@ -82,7 +89,7 @@ func (o *requestOptions) printPlan(ctx context.Context) (pending bool, err error
 // the steps does; when there is no plan, a warning says why. With -o json
 // the plan stays one object on stdout, and main ends stdout with the
 // error's.
-func (o *requestOptions) showPlan(prepared *rollout.Prepared, hops [][]rollout.Step, planErr, refusal error) (pending bool, err error) {
+func (o *requestOptions) showPlan(prepared *rollout.Prepared, hops [][]rollout.Step, report *checkReport, planErr, refusal error) (pending bool, err error) {
 	refusal = wouldRefuse(refusal)
 	switch {
 	case planErr != nil && refusal != nil:
@@ -91,7 +98,7 @@ func (o *requestOptions) showPlan(prepared *rollout.Prepared, hops [][]rollout.S
 	case planErr != nil:
 		return false, planErr
 	}
-	if err := printPlan(o.Streams.Out, o.Output, o.jsonLines, o.request, prepared, hops); err != nil {
+	if err := printPlan(o.Streams.Out, o.Output, o.jsonLines, o.request, prepared, hops, report); err != nil {
 		return false, err
 	}
 	if refusal != nil {
@@ -163,7 +170,10 @@ permission of the operate roles, and the KCP controller's version (detected,
 or --kcp-version). When one of them would refuse the run, the plan is still
 printed, and the command fails as the run would, with "the run would refuse:"
 and the run's own reason: exit 6 for a missing permission, each named; exit 3
-for a KCP controller this tool is not proven with. It fails so with or without
+for a KCP controller this tool is not proven with. A plan of an upgrade also
+shows the readiness checks (see "kubectl cp-rollout check"): a check that
+blocks makes the plan fail as the run would, exit 3, unless it is named with
+--skip-check. It fails so with or without
 --exit-code, as it does for a step the run would refuse: an error the run
 would meet is not a plan to follow. So with --exit-code, 10 means the run would
 start and take steps, 0 that it would find nothing to do.`,
@@ -192,6 +202,7 @@ start and take steps, 0 that it would find nothing to do.`,
 	f.StringVar(&o.expiring, "certificates-expiring-within", "", "With --rollout: also the machines whose certificates expire within this time, in whole days (30d, 720h)")
 	f.BoolVar(&o.restart, "restart", false, "Plan the replacement of every machine")
 	f.BoolVar(&o.req.request.ReplaceUnhealthy, "replace-unhealthy", false, "With --version or --replicas: plan the broken machines' replacement first, as the run with --replace-unhealthy would")
+	o.req.skip.addFlag(cmd)
 	f.BoolVar(&o.ExitCode, "exit-code", false, fmt.Sprintf("Exit %d when steps are pending, 0 when there is nothing to do (a refusal the run would meet keeps its own code)", PendingExitCode))
 	return cmd
 }
@@ -228,6 +239,9 @@ func (o *PlanOptions) Validate() error {
 	// be marked as bad usage.
 	if o.targets > 1 {
 		return exitcode.Usagef("plan takes one of --version, --replicas, --replace, --rollout or --restart, not several")
+	}
+	if len(o.req.skip.names) > 0 && o.version == "" {
+		return exitcode.Usagef("--skip-check needs --version: the readiness checks are an upgrade's")
 	}
 	if o.expiring != "" && !o.rollout {
 		return exitcode.Usagef("--certificates-expiring-within needs --rollout: it names machines a rollout replaces too")
@@ -283,7 +297,7 @@ type plannedStep struct {
 // printPlan prints the steps of each hop; an upgrade through several
 // versions numbers its steps across hops and names each step's hop. With -o
 // json the plan is one object, on one line with jsonLines.
-func printPlan(out io.Writer, format string, jsonLines bool, req rollout.Request, p *rollout.Prepared, hops [][]rollout.Step) error {
+func printPlan(out io.Writer, format string, jsonLines bool, req rollout.Request, p *rollout.Prepared, hops [][]rollout.Step, report *checkReport) error {
 	planned := []plannedStep{}
 	for h, steps := range hops {
 		var hop progress.Hop
@@ -298,20 +312,37 @@ func printPlan(out io.Writer, format string, jsonLines bool, req rollout.Request
 			planned = append(planned, ps)
 		}
 	}
+	var findings []readiness.Finding
+	if report != nil {
+		findings = report.Findings
+	}
 	if format == "json" {
 		cluster := p.Snapshot.CP.Cluster
 		return writeJSON(out, struct {
-			Cluster   string        `json:"cluster"`
-			Namespace string        `json:"namespace"`
-			Operation string        `json:"operation"`
-			Target    string        `json:"target"`
-			Steps     []plannedStep `json:"steps"`
-		}{cluster.Name, cluster.Namespace, string(req.Operation), req.TargetString(), planned}, jsonLines)
+			Cluster   string              `json:"cluster"`
+			Namespace string              `json:"namespace"`
+			Operation string              `json:"operation"`
+			Target    string              `json:"target"`
+			Steps     []plannedStep       `json:"steps"`
+			Checks    []readiness.Finding `json:"checks,omitempty"`
+		}{cluster.Name, cluster.Namespace, string(req.Operation), req.TargetString(), planned, findings}, jsonLines)
 	}
 	if len(planned) == 0 {
 		_, err := fmt.Fprintln(out, nothingToDoFor(req))
 		return err
 	}
+	if err := printStepTable(out, p, planned); err != nil {
+		return err
+	}
+	if report == nil {
+		return nil
+	}
+	fmt.Fprintf(out, "\nReadiness checks for %s:\n", report.Version)
+	return printFindings(out, checkView{report}, false, tableOptions{})
+}
+
+// printStepTable is the plan's table, a row per step.
+func printStepTable(out io.Writer, p *rollout.Prepared, planned []plannedStep) error {
 	// The HOP column is there only for an upgrade through several versions.
 	names := []string{"#", "ACTION", "MACHINE", "REASON"}
 	if len(p.Hops) > 1 {

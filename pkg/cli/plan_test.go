@@ -50,7 +50,7 @@ func planAgainst(t *testing.T, allowed func(*authorizationv1.ResourceAttributes)
 	cp := controlplane.New(authorizerFor(allowed, kcpControllerAt(controllerVersion)), o.req.conn.Namespace, o.req.conn.Cluster)
 	refusal := o.req.conn.runChecks(ctx, cp, &controlplanev1.KubeadmControlPlane{})
 	prepared, hops := upgradePlan()
-	err := o.outcome(o.req.showPlan(prepared, hops, nil, refusal))
+	err := o.outcome(o.req.showPlan(prepared, hops, nil, nil, refusal))
 	return result{code: exitcode.Of(err), err: err, out: out.String(), log: errOut.String()}, err
 }
 
@@ -139,7 +139,7 @@ func TestPlanWithoutAPlanStillSaysWhatTheRunWouldRefuse(t *testing.T) {
 	deleting := exitcode.Unsafef("machine eu1-cp-x2k9 is deleting")
 	refusal := exitcode.Unsafef("KCP controller is v1.12.4")
 
-	err := o.outcome(o.req.showPlan(nil, nil, deleting, refusal))
+	err := o.outcome(o.req.showPlan(nil, nil, nil, deleting, refusal))
 	if exitcode.Of(err) != exitcode.Unsafe || err.Error() != "the run would refuse: KCP controller is v1.12.4" {
 		t.Errorf("no plan, a refusal: exit %d, %q", exitcode.Of(err), err)
 	}
@@ -148,13 +148,13 @@ func TestPlanWithoutAPlanStillSaysWhatTheRunWouldRefuse(t *testing.T) {
 	}
 
 	errOut.Reset()
-	if err := o.outcome(o.req.showPlan(nil, nil, deleting, nil)); err != deleting || errOut.Len() != 0 {
+	if err := o.outcome(o.req.showPlan(nil, nil, nil, deleting, nil)); err != deleting || errOut.Len() != 0 {
 		t.Errorf("no plan, no refusal: %v, stderr %q: want Prepare's error alone", err, errOut.String())
 	}
 
 	failed := errors.New("asking the API server whether this identity may get secrets: connection reset")
 	prepared, hops := upgradePlan()
-	if err := o.outcome(o.req.showPlan(prepared, hops, nil, failed)); exitcode.Of(err) != exitcode.Failure || strings.Contains(err.Error(), "would refuse") {
+	if err := o.outcome(o.req.showPlan(prepared, hops, nil, nil, failed)); exitcode.Of(err) != exitcode.Failure || strings.Contains(err.Error(), "would refuse") {
 		t.Errorf("a check that failed: exit %d, %q: want exit 1, not a refusal", exitcode.Of(err), err)
 	}
 }

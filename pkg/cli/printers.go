@@ -18,6 +18,8 @@ import (
 	"k8s.io/cli-runtime/pkg/printers"
 	"k8s.io/client-go/util/jsonpath"
 
+	"sigs.k8s.io/yaml"
+
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -291,4 +293,109 @@ func writeJSON(w io.Writer, v any, oneLine bool) error {
 		enc.SetIndent("", "  ")
 	}
 	return enc.Encode(v)
+}
+
+// printable is what a verb with the printers shows: the objects -o json,
+// yaml, jsonpath and go-template print, each in turn, and the rows -o name
+// and custom-columns print a line each.
+type printable interface {
+	docs() []doc
+	rowSet() []row
+}
+
+// doc is one object a verb shows; id names it from one read to the next.
+type doc struct {
+	id string
+	v  any
+}
+
+// row is one line of custom-columns and -o name, and what --sort-by
+// orders.
+type row struct {
+	kind, name string
+	v          any
+}
+
+// print prints v as -o asks; table prints the text and wide formats.
+// jsonLines prints -o json as JSON Lines, a doc a line, and -o yaml as one
+// list: what a verb shows of several clusters.
+func (p *printFlags) print(out io.Writer, v printable, jsonLines bool, table func(tableOptions) error) error {
+	docs := v.docs()
+	switch p.format {
+	case "json":
+		if !jsonLines && len(docs) == 1 {
+			return writeJSON(out, docs[0].v, false)
+		}
+		for _, d := range docs {
+			if err := writeJSON(out, d.v, true); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "yaml":
+		var data any
+		if !jsonLines && len(docs) == 1 {
+			data = docs[0].v
+		} else {
+			list := make([]any, len(docs))
+			for i, d := range docs {
+				list[i] = d.v
+			}
+			data = list
+		}
+		raw, err := yaml.Marshal(data)
+		if err != nil {
+			return err
+		}
+		_, err = out.Write(raw)
+		return err
+	case "jsonpath", "go-template":
+		for _, d := range docs {
+			obj, err := jsonObject(d.v)
+			if err != nil {
+				return err
+			}
+			if err := p.template.PrintObj(&unstructured.Unstructured{Object: obj}, out); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "name":
+		for _, r := range v.rowSet() {
+			if err := printName(out, r.kind, r.name); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "custom-columns":
+		return p.printCustomColumns(out, v.rowSet())
+	}
+	return table(tableOptions{Wide: p.format == "wide", NoHeaders: p.NoHeaders})
+}
+
+// printCustomColumns prints a line per row with -o custom-columns' cells.
+func (p *printFlags) printCustomColumns(out io.Writer, rows []row) error {
+	headers := make([]string, len(p.columns))
+	for i, c := range p.columns {
+		headers[i] = c.header
+	}
+	var cells [][]any
+	for _, r := range rows {
+		obj, err := jsonObject(r.v)
+		if err != nil {
+			return err
+		}
+		line := make([]any, len(p.columns))
+		for i, c := range p.columns {
+			if line[i], err = cellOf(c, obj); err != nil {
+				return fmt.Errorf("-o custom-columns, column %s: %w", c.header, err)
+			}
+		}
+		cells = append(cells, line)
+	}
+	w := newTabWriter(out)
+	if err := printTable(w, tableColumns(headers), cells, tableOptions{NoHeaders: p.NoHeaders}); err != nil {
+		return err
+	}
+	return w.Flush()
 }

@@ -216,10 +216,10 @@ func TestPlanJSONLinesOverAFleet(t *testing.T) {
 	prepared, hops := upgradePlan()
 	req := rollout.Request{Operation: "upgrade", Version: "v1.36.3"}
 	var one, lines bytes.Buffer
-	if err := printPlan(&one, "json", false, req, prepared, hops); err != nil {
+	if err := printPlan(&one, "json", false, req, prepared, hops, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := printPlan(&lines, "json", true, req, prepared, hops); err != nil {
+	if err := printPlan(&lines, "json", true, req, prepared, hops, nil); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Count(lines.String(), "\n") != 1 || !strings.HasPrefix(lines.String(), `{"cluster":"eu1","namespace":"capi-prod","operation":"upgrade"`) {
@@ -230,7 +230,7 @@ func TestPlanJSONLinesOverAFleet(t *testing.T) {
 		t.Errorf("one cluster's plan: want the same object, indented:\n%s", one.String())
 	}
 	var table bytes.Buffer
-	if err := printPlan(&table, "text", false, req, prepared, hops); err != nil {
+	if err := printPlan(&table, "text", false, req, prepared, hops, nil); err != nil {
 		t.Fatal(err)
 	}
 	want := "#  ACTION  MACHINE      REASON\n1  create  -            replacement for eu1-cp-x2k9 at v1.36.3\n2  delete  eu1-cp-x2k9  eu1-cp-x2k9 is at v1.35.2\n"

@@ -1,9 +1,12 @@
 package cli
 
 import (
+	"context"
+
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
+	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
@@ -21,6 +24,9 @@ type requestOptions struct {
 	// jsonLines prints -o json's plan on one line: one cluster's of
 	// several (JSON Lines).
 	jsonLines bool
+	// skip is --skip-check, on the verbs that make the readiness checks
+	// (upgrade and plan).
+	skip skipChecks
 }
 
 func newRequestOptions(streams genericiooptions.IOStreams, operation rollout.Operation) requestOptions {
@@ -52,6 +58,9 @@ func (o *requestOptions) validate() error {
 	if err := oneOf("output", o.Output, requestOutputs...); err != nil {
 		return err
 	}
+	if err := o.skip.validate(); err != nil {
+		return err
+	}
 	if err := o.conn.checkKCPVersionFlag(); err != nil {
 		return err
 	}
@@ -59,3 +68,18 @@ func (o *requestOptions) validate() error {
 }
 
 func (o *requestOptions) where() (cluster, namespace string) { return o.conn.where(&o.sel) }
+
+// readiness makes the readiness checks (check) for an upgrade that has not
+// begun, as Prepare found the cluster: nil for any other request, for one
+// with nothing to do, and for a run resuming an upgrade of its own, which
+// made them before it took the cluster over; its own half-done rollout is
+// no reason to stop finishing it.
+func (o *requestOptions) readiness(ctx context.Context, c *connected, p *rollout.Prepared, timeouts rollout.Timeouts) (*checkReport, error) {
+	if o.request.Operation != rollout.UpgradeOperation || p == nil || p.NothingToDo != "" {
+		return nil, nil
+	}
+	if rec, err := record.Of(p.Snapshot.CP.KCP); err != nil || rec != nil && rec.Operation == string(rollout.UpgradeOperation) {
+		return nil, err
+	}
+	return readinessOf(ctx, c, p.Snapshot, o.request.Version, timeouts, o.skip.names)
+}

@@ -10,10 +10,8 @@ import (
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 
@@ -165,13 +163,6 @@ type statusView struct {
 	rows   []fleet.Row
 }
 
-// doc is one object of what status shows: the cluster's status, or one
-// cluster's row of a fleet; id names it from one read to the next.
-type doc struct {
-	id string
-	v  any
-}
-
 // docs are the objects -o json prints (over a fleet, each on a line of its
 // own) and jsonpath and go-template read, each in turn.
 func (v *statusView) docs() []doc {
@@ -183,13 +174,6 @@ func (v *statusView) docs() []doc {
 		docs[i] = doc{r.Cluster.String(), r}
 	}
 	return docs
-}
-
-// row is one line of custom-columns and -o name, and what --sort-by
-// orders: a machine of the cluster, or a cluster of the fleet.
-type row struct {
-	kind, name string
-	v          any
 }
 
 // rowSet is the view's rows: its machines, the natural rows of one
@@ -268,84 +252,15 @@ func (o *StatusOptions) kubeadmConfigsWarning(ctx context.Context, kube client.C
 func (o *StatusOptions) where() (cluster, namespace string) { return o.conn.where(&o.sel) }
 
 // print prints v as -o asks: the one path every format of status, with or
-// without -w, takes.
+// without -w, takes. Over a fleet -o json prints JSON Lines, a row a line,
+// as each cluster is read.
 func (o *StatusOptions) print(out io.Writer, v *statusView, now time.Time) error {
-	switch o.output.format {
-	case "json":
+	return o.output.print(out, v, v.status == nil, func(opts tableOptions) error {
 		if v.status != nil {
-			return writeJSON(out, v.status, false)
+			return printStatus(out, v.status, opts, now)
 		}
-		// Over a fleet, JSON Lines: a row a line, as each cluster is read.
-		for _, r := range v.rows {
-			if err := writeJSON(out, r, true); err != nil {
-				return err
-			}
-		}
-		return nil
-	case "yaml":
-		var data any = v.rows
-		if v.status != nil {
-			data = v.status
-		}
-		raw, err := yaml.Marshal(data)
-		if err != nil {
-			return err
-		}
-		_, err = out.Write(raw)
-		return err
-	case "jsonpath", "go-template":
-		for _, d := range v.docs() {
-			obj, err := jsonObject(d.v)
-			if err != nil {
-				return err
-			}
-			if err := o.output.template.PrintObj(&unstructured.Unstructured{Object: obj}, out); err != nil {
-				return err
-			}
-		}
-		return nil
-	case "name":
-		for _, r := range v.rowSet() {
-			if err := printName(out, r.kind, r.name); err != nil {
-				return err
-			}
-		}
-		return nil
-	case "custom-columns":
-		return o.printCustomColumns(out, v.rowSet())
-	}
-	opts := tableOptions{Wide: o.output.format == "wide", NoHeaders: o.output.NoHeaders}
-	if v.status != nil {
-		return printStatus(out, v.status, opts, now)
-	}
-	return printFleetStatus(out, v.rows, opts, o.Etcd)
-}
-
-// printCustomColumns prints a line per row with -o custom-columns' cells.
-func (o *StatusOptions) printCustomColumns(out io.Writer, rows []row) error {
-	headers := make([]string, len(o.output.columns))
-	for i, c := range o.output.columns {
-		headers[i] = c.header
-	}
-	var cells [][]any
-	for _, r := range rows {
-		obj, err := jsonObject(r.v)
-		if err != nil {
-			return err
-		}
-		line := make([]any, len(o.output.columns))
-		for i, c := range o.output.columns {
-			if line[i], err = cellOf(c, obj); err != nil {
-				return fmt.Errorf("-o custom-columns, column %s: %w", c.header, err)
-			}
-		}
-		cells = append(cells, line)
-	}
-	w := newTabWriter(out)
-	if err := printTable(w, tableColumns(headers), cells, tableOptions{NoHeaders: o.output.NoHeaders}); err != nil {
-		return err
-	}
-	return w.Flush()
+		return printFleetStatus(out, v.rows, opts, o.Etcd)
+	})
 }
 
 // kcpController is what status shows of the KCP controller, whatever the

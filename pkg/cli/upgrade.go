@@ -39,6 +39,13 @@ time: create the replacement, wait until its node, static pods and etcd member
 are healthy, move etcd leadership off the machine that goes, delete it, remove
 its etcd member, wait until it is gone, repeat.
 
+Before it takes the cluster over, the run makes the readiness checks of
+"kubectl cp-rollout check" (removed APIs in use, version skew, drain
+blockers, fail-closed webhooks, etcd, CoreDNS, certificates) and prints on
+stderr what is not a pass. A check that blocks refuses the run, exit 3, with
+nothing changed; --skip-check NAME accepts that check's block knowingly. A
+run that resumes an upgrade of its own does not check again.
+
 The KubeadmControlPlane is paused while this runs and handed back at the end.
 If the run stops early, re-running the same command continues from where the
 cluster is.
@@ -82,6 +89,7 @@ listed and confirmed at the terminal, or needs --yes.`,
 	cmd.Flags().BoolVar(&request.ReplaceUnhealthy, "replace-unhealthy", false, "Replace first, as this run's first steps, the control-plane machines found broken before it starts (without it, the run refuses them and names the replace command)")
 	cmd.Flags().BoolVar(&o.WaitWorkers, "wait-workers", false, "On a ClusterClass (topology) cluster, also wait until the topology controller has upgraded every MachineDeployment to VERSION")
 	cmd.Flags().DurationVar(&o.WorkersTimeout, "workers-timeout", o.WorkersTimeout, "How long --wait-workers waits for the workers")
+	o.change.req.skip.addFlag(cmd)
 	cmd.Flags().DurationVar(&o.change.wait.Timeouts.Topology, "topology-timeout", o.change.wait.Timeouts.Topology, "On a ClusterClass (topology) cluster, how long the topology controller may take to copy VERSION from the Cluster into the KubeadmControlPlane (BeforeClusterUpgrade hooks can hold it)")
 	return cmd
 }
