@@ -81,5 +81,12 @@ func (o *requestOptions) readiness(ctx context.Context, c *connected, p *rollout
 	if rec, err := record.Of(p.Snapshot.CP.KCP); err != nil || rec != nil && rec.Operation == string(rollout.UpgradeOperation) {
 		return nil, err
 	}
-	return readinessOf(ctx, c, p.Snapshot, o.request.Version, timeouts, o.skip.names)
+	// A live read of the cluster as it is: Prepare's snapshot is projected
+	// onto the spec the run will set, against which every machine is
+	// outdated.
+	s, err := c.engine.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return readinessOf(ctx, c, s, o.request.Version, timeouts, o.skip.names)
 }
