@@ -151,6 +151,10 @@ func TestFaultArguments(t *testing.T) {
 		{[]string{"demo-abcde", "certs-expire-in=10d"}, sim.MachineFault, "demo-abcde", "certs-expire-in", "10d", true},
 		{[]string{"demo-abcde", "certs-expire-in=36h"}, sim.MachineFault, "demo-abcde", "certs-expire-in", "36h", true},
 		{[]string{"demo-abcde", "certs-expire-in=off"}, sim.MachineFault, "demo-abcde", "certs-expire-in", "", false},
+		{[]string{"cluster/demo", "old-workers=v1.32.4"}, sim.ClusterFault, "demo", "old-workers", "v1.32.4", true},
+		{[]string{"cluster/demo", "old-workers=off"}, sim.ClusterFault, "demo", "old-workers", "", false},
+		{[]string{"cluster/demo", "addon-unready"}, sim.ClusterFault, "demo", "addon-unready", "", true},
+		{[]string{"demo-abcde", "etcd-alarm"}, sim.MachineFault, "demo-abcde", "etcd-alarm", "", true},
 	} {
 		o, err := parseFault(tc.args)
 		if err != nil {

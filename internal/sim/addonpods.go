@@ -21,8 +21,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 )
 
 // The workload cluster has no kube-controller-manager, scheduler or kubelets,
@@ -32,12 +34,17 @@ import (
 // add-ons alone, for the DaemonSet and Deployment controllers (one kube-proxy
 // pod per node; CoreDNS's replicas through a ReplicaSet per pod template,
 // placed on schedulable nodes, the new template's pods replacing the old
-// ones), for the kubelet (a new pod reports Running and Ready; a pod being
-// deleted, as an eviction leaves it, goes at once) and for the pod garbage
+// ones), for the kubelet (a new pod reports Running and Ready, but
+// kube-proxy's on a node that joined after the addon-unready fault, which
+// stays Running and not Ready; a pod being deleted, as an eviction leaves
+// it, goes at once) and for the pod garbage
 // collector (a pod whose node is gone goes). Static pods stay the
 // provider's.
 type addonPods struct {
 	c client.Client
+	// staged says which kube-proxy pods the addon-unready fault keeps
+	// unready (staging.go).
+	staged *staged
 }
 
 // addonRequest is the one request the stand-in reconciles: every change to
@@ -65,6 +72,12 @@ func (s *Sim) startAddonPods(startCtx, runCtx context.Context) error {
 	all := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{addonRequest}
 	})
+	// The addon-unready fault changes nothing in the workload cluster
+	// itself: it wakes the stand-in through this channel.
+	wake := make(chan event.GenericEvent, 1)
+	s.staged.mu.Lock()
+	s.staged.addonPods = wake
+	s.staged.mu.Unlock()
 	err = builder.ControllerManagedBy(mgr).
 		Named("simulated-addon-pods").
 		Watches(&appsv1.DaemonSet{}, all).
@@ -72,7 +85,8 @@ func (s *Sim) startAddonPods(startCtx, runCtx context.Context) error {
 		Watches(&appsv1.ReplicaSet{}, all).
 		Watches(&corev1.Pod{}, all).
 		Watches(&corev1.Node{}, all).
-		Complete(&addonPods{c: mgr.GetClient()})
+		WatchesRawSource(source.Channel(wake, all)).
+		Complete(&addonPods{c: mgr.GetClient(), staged: &s.staged})
 	if err != nil {
 		return err
 	}
@@ -108,8 +122,12 @@ func (a *addonPods) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 			errs = append(errs, client.IgnoreNotFound(a.c.Delete(ctx, &pod, client.GracePeriodSeconds(0))))
 			continue
 		}
-		if pod.Status.Phase != corev1.PodRunning {
-			errs = append(errs, client.IgnoreNotFound(setPodReady(ctx, a.c, &pod, nodeIP(byName[pod.Spec.NodeName]), true)))
+		// Running and Ready, but for kube-proxy on a node the addon-unready
+		// fault holds back: Running, its readiness probe failing.
+		node := byName[pod.Spec.NodeName]
+		ready := !(isKubeProxyPod(&pod) && a.staged.kubeProxyUnready(node))
+		if pod.Status.Phase != corev1.PodRunning || podIsReady(&pod) != ready {
+			errs = append(errs, client.IgnoreNotFound(setPodReady(ctx, a.c, &pod, nodeIP(node), ready)))
 		}
 		live = append(live, pod)
 	}
@@ -140,7 +158,7 @@ func (a *addonPods) kubeProxy(ctx context.Context, nodes []corev1.Node, pods []c
 			continue
 		}
 		current[pod.Spec.NodeName] = true
-		if pod.Status.Phase == corev1.PodRunning {
+		if podIsReady(pod) {
 			ready++
 		}
 	}
@@ -428,7 +446,29 @@ func tolerates(tolerations []corev1.Toleration, taints []corev1.Taint) bool {
 	return true
 }
 
+// isKubeProxyPod: a pod of the kube-proxy DaemonSet.
+func isKubeProxyPod(pod *corev1.Pod) bool {
+	ref := metav1.GetControllerOf(pod)
+	return ref != nil && ref.Kind == "DaemonSet" && ref.Name == kubeProxyName
+}
+
+// podIsReady: a Running pod whose Ready condition is True.
+func podIsReady(pod *corev1.Pod) bool {
+	if pod.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
 func nodeIP(n *corev1.Node) string {
+	if n == nil {
+		return ""
+	}
 	for _, a := range n.Status.Addresses {
 		if a.Type == corev1.NodeInternalIP {
 			return a.Address

@@ -68,8 +68,9 @@ func (fc *faultController) reconcileMachine(ctx context.Context, req reconcile.R
 	if err := fc.c.Get(ctx, req.NamespacedName, m); err != nil {
 		if apierrors.IsNotFound(err) {
 			// Whatever the machine's faults acted on went with its host,
-			// but a drain blocker: its pod and budget are workload objects.
-			return reconcile.Result{}, fc.s.UnblockDrain(ctx, req.Name)
+			// but a drain blocker (its pod and budget are workload objects)
+			// and an etcd alarm (etcd keeps a removed member's).
+			return reconcile.Result{}, errors.Join(fc.s.UnblockDrain(ctx, req.Name), fc.s.disarmGoneMachine(ctx, req.Name))
 		}
 		return reconcile.Result{}, err
 	}
@@ -214,6 +215,17 @@ func (fc *faultController) machineFault(ctx context.Context, machine, node, entr
 	case fault == FaultCertsExpireIn:
 		err = s.ResetCertificatesExpiry(ctx, machine)
 		note = "certificates expiry recorded on the KubeadmConfig: " + s.APIServerCertificateExpiry().UTC().Format(time.RFC3339) + ", the served certificate's"
+	case fault == FaultEtcdAlarm && on:
+		var id uint64
+		id, err = s.RaiseEtcdAlarm(ctx, machine, node)
+		note = fmt.Sprintf("NOSPACE alarm raised for etcd member %x of node %s", id, node)
+	case fault == FaultEtcdAlarm:
+		var id uint64
+		id, err = s.DisarmEtcdAlarm(ctx, machine, node)
+		note = fmt.Sprintf("NOSPACE alarm of etcd member %x disarmed", id)
+		if err == nil && id == 0 {
+			note = "no etcd member of node " + node + " to disarm"
+		}
 	default:
 		return "", fmt.Errorf("no such machine fault %q", fault)
 	}
@@ -224,9 +236,14 @@ func (fc *faultController) machineFault(ctx context.Context, machine, node, entr
 	return note, err
 }
 
-// clusterFault applies (on) or undoes one cluster-wide fault.
-func (fc *faultController) clusterFault(ctx context.Context, fault string, on bool) (string, error) {
+// clusterFault applies (on) or undoes one cluster-wide fault (an entry NAME
+// or NAME=VALUE).
+func (fc *faultController) clusterFault(ctx context.Context, entry string, on bool) (string, error) {
 	s := fc.s
+	fault, value, _ := strings.Cut(entry, "=")
+	if note, ok, err := fc.stagingFault(ctx, fault, value, on); ok {
+		return note, err
+	}
 	switch fault {
 	case FaultNeverProvision:
 		if on {
@@ -249,4 +266,37 @@ func (fc *faultController) clusterFault(ctx context.Context, fault string, on bo
 		return "learner added at " + peerURL + ", never started", err
 	}
 	return "", fmt.Errorf("no such cluster fault %q", fault)
+}
+
+// stagingFault applies or undoes one of the cluster faults that stage the
+// readiness check's findings (staging.go); ok is false for any other fault.
+func (fc *faultController) stagingFault(ctx context.Context, fault, value string, on bool) (note string, ok bool, err error) {
+	s := fc.s
+	switch {
+	case fault == FaultDeprecatedAPIClient && on:
+		return fmt.Sprintf("a client (user agent %s) lists %s every %s; removed in %s", DeprecatedAPIClientUserAgent, DeprecatedAPI, deprecatedClientInterval, DeprecatedAPIRemovedRelease),
+			true, s.StartDeprecatedAPIClient(ctx)
+	case fault == FaultDeprecatedAPIClient:
+		return "the client stopped; the workload API server's metrics reset", true, s.StopDeprecatedAPIClient(ctx)
+	case fault == FaultOldWorkers && on:
+		return fmt.Sprintf("worker nodes %s, kubelet %s, no Machine", strings.Join(OldWorkerNames(), ", "), value), true, s.SetOldWorkers(ctx, value)
+	case fault == FaultOldWorkers:
+		return "worker nodes " + strings.Join(OldWorkerNames(), ", ") + " deleted", true, s.RemoveOldWorkers(ctx)
+	case fault == FaultFailClosedWebhook && on:
+		node, err := s.AddFailClosedWebhook(ctx)
+		return fmt.Sprintf("ValidatingWebhookConfiguration %s (failurePolicy Fail), its only endpoint on node %s, selecting nothing but %s", WebhookName, node, WebhookSelectorLabel), true, err
+	case fault == FaultFailClosedWebhook:
+		return "ValidatingWebhookConfiguration " + WebhookName + " with its Service and EndpointSlice deleted", true, s.RemoveFailClosedWebhook(ctx)
+	case fault == FaultCorefileUnknownPlugin && on:
+		return "plugin " + UnknownCorefilePlugin + " added to the Corefile of kube-system/coredns", true, s.AddUnknownCorefilePlugin(ctx)
+	case fault == FaultCorefileUnknownPlugin:
+		return "plugin " + UnknownCorefilePlugin + " taken out of the Corefile of kube-system/coredns", true, s.RemoveUnknownCorefilePlugin(ctx)
+	case fault == FaultAddonUnready && on:
+		n, err := s.SetAddonUnready(ctx, true)
+		return fmt.Sprintf("kube-proxy stays unready on nodes that join from now on (the %d there are keep theirs Ready)", n), true, err
+	case fault == FaultAddonUnready:
+		_, err := s.SetAddonUnready(ctx, false)
+		return "every kube-proxy pod Ready", true, err
+	}
+	return "", false, nil
 }

@@ -94,6 +94,10 @@ func FaultCatalogue() []Fault {
 			" on its KubeadmConfig, which KCP does not overwrite) says now+DURATION (10d, 36h; 0 for expired), so spec.rollout.before.certificatesExpiryDays rolls it out",
 		Undo: "the record says the expiry of the certificate the node serves, as KCP records it",
 	}, Fault{
+		Name: FaultEtcdAlarm, Scope: MachineFault,
+		Effect: "the machine's etcd member raises a NOSPACE alarm (etcd's maintenance API, AlarmRequest ACTIVATE): etcd lists it, refuses writes cluster-wide, and every member's status reports it",
+		Undo:   "the alarm is disarmed (AlarmRequest DEACTIVATE, as etcdctl alarm disarm)",
+	}, Fault{
 		Name: FaultNeverProvision, Scope: ClusterFault,
 		Effect: "the next machine created never provisions (no host boots)",
 		Undo:   "held machines provision after all; an unused one is forgotten",
@@ -101,6 +105,28 @@ func FaultCatalogue() []Fault {
 		Name: FaultStaleLearner, Scope: ClusterFault,
 		Effect: "an etcd learner that never starts (a failed kubeadm join): unnamed, no machine owns it",
 		Undo:   "the learner is removed from etcd",
+	}, Fault{
+		Name: FaultDeprecatedAPIClient, Scope: ClusterFault,
+		Effect: "a client lists " + DeprecatedAPI.Resource + " at " + DeprecatedAPI.GroupVersion().String() + " (deprecated, removed in " + DeprecatedAPIRemovedRelease +
+			") on the workload API server every " + deprecatedClientInterval.String() + ", so its /metrics reports it in apiserver_requested_deprecated_apis",
+		Undo: "the client stops and the workload API server's metrics are reset (DELETE /metrics)",
+	}, Fault{
+		Name: FaultOldWorkers, Scope: ClusterFault, Value: "VERSION",
+		Effect: "worker Nodes " + strings.Join(OldWorkerNames(), " and ") + ", joined by hand (no Machine, no providerID, no control-plane label), Ready, whose kubelets report VERSION (v1.32.4); each gets a kube-proxy pod",
+		Undo:   "the Nodes are deleted, their pods with them",
+	}, Fault{
+		Name: FaultFailClosedWebhook, Scope: ClusterFault,
+		Effect: "a ValidatingWebhookConfiguration (" + WebhookName + ") with failurePolicy Fail whose Service's only ready endpoint is on the oldest control-plane machine's node; " +
+			"its selectors match a label nothing carries (" + WebhookSelectorLabel + "), so it intercepts nothing",
+		Undo: "the webhook configuration, Service and EndpointSlice are deleted",
+	}, Fault{
+		Name: FaultCorefileUnknownPlugin, Scope: ClusterFault,
+		Effect: "the Corefile in kube-system/coredns gains the plugin " + UnknownCorefilePlugin + ", which the CoreDNS migration library KCP uses does not know (migration.Unsupported reports it; Migrate carries it over)",
+		Undo:   "the plugin's line is taken out again",
+	}, Fault{
+		Name: FaultAddonUnready, Scope: ClusterFault,
+		Effect: "kube-proxy's pod on every node that joins from now on stays Running but not Ready",
+		Undo:   "every kube-proxy pod is Ready",
 	})
 }
 
@@ -143,6 +169,10 @@ func ParseFault(scope FaultScope, entry string) (Fault, string, error) {
 		return Fault{}, "", fmt.Errorf("fault %q needs a value: %s=%s", name, name, f.Value)
 	case name == FaultCertsExpireIn:
 		if _, err := ParseExpiresIn(value); err != nil {
+			return Fault{}, "", fmt.Errorf("fault %s: %w", name, err)
+		}
+	case name == FaultOldWorkers:
+		if err := parseKubeletVersion(value); err != nil {
 			return Fault{}, "", fmt.Errorf("fault %s: %w", name, err)
 		}
 	}

@@ -2,6 +2,8 @@ package sim_test
 
 import (
 	"encoding/json"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +40,14 @@ func TestParseFaults(t *testing.T) {
 		// Given twice, the last value applies, and the clash is reported.
 		{sim.MachineFault, "certs-expire-in=10d,certs-expire-in=3d", "certs-expire-in=3d", `given twice`},
 		{sim.ClusterFault, "certs-expire-in=10d", "", `"certs-expire-in" is a machine fault`},
+		// The staged findings of the readiness check.
+		{sim.ClusterFault, "old-workers=v1.32.4,addon-unready,deprecated-api-client", "addon-unready,deprecated-api-client,old-workers=v1.32.4", ""},
+		{sim.ClusterFault, "fail-closed-webhook,corefile-unknown-plugin", "corefile-unknown-plugin,fail-closed-webhook", ""},
+		{sim.ClusterFault, "old-workers", "", `fault "old-workers" needs a value: old-workers=VERSION`},
+		{sim.ClusterFault, "old-workers=1.32.4", "", `want a kubelet version such as v1.32.4`},
+		{sim.ClusterFault, "old-workers=v1.32", "", `want a kubelet version such as v1.32.4`},
+		{sim.MachineFault, "etcd-alarm,addon-unready", "etcd-alarm", `"addon-unready" is a cluster fault, not a machine fault`},
+		{sim.ClusterFault, "etcd-alarm", "", `"etcd-alarm" is a machine fault, not a cluster fault`},
 	} {
 		got, err := sim.ParseFaults(tc.scope, tc.value)
 		if sim.FormatFaults(got) != tc.want {
@@ -105,6 +115,18 @@ func TestFaultCatalogue(t *testing.T) {
 	for _, c := range sim.Components {
 		if !names[c+"-unready"] {
 			t.Errorf("no %s-unready fault", c)
+		}
+	}
+	doc, err := os.ReadFile("../../docs/simulator.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range names {
+		if c, ok := strings.CutSuffix(name, "-unready"); ok && slices.Contains(sim.Components, c) {
+			continue // one row, <component>-unready
+		}
+		if !strings.Contains(string(doc), "| `"+name) {
+			t.Errorf("docs/simulator.md has no row for fault %s", name)
 		}
 	}
 }

@@ -205,6 +205,10 @@ type Sim struct {
 
 	provider *provider
 
+	// staged holds what the faults that stage the readiness check's
+	// findings keep in the simulator's process (staging.go).
+	staged staged
+
 	shutdowns []func() // after the managers stop
 
 	binDir         string        // parent-death wrappers for the envtest binaries
@@ -213,6 +217,7 @@ type Sim struct {
 	restartMu sync.Mutex
 	restarted *exec.Cmd // the management API server after RestartManagementAPIServer
 
+	runCtx   context.Context // ends when Stop begins
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	errMu    sync.Mutex
@@ -268,7 +273,7 @@ func Start(ctx context.Context, opts Options) (_ *Sim, err error) {
 	s.opts.Log.Info("management and workload API servers started", "took", time.Since(began).String())
 
 	runCtx, cancel := context.WithCancel(context.Background())
-	s.cancel = cancel
+	s.runCtx, s.cancel = runCtx, cancel
 
 	if err := s.createWorkloadObjects(ctx); err != nil {
 		return nil, err
@@ -325,6 +330,9 @@ func (s *Sim) startClusters(ctx context.Context) error {
 		ControlPlaneStartTimeout: time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
+	// A deprecated API that the deprecated-api-client fault can call: v1.36
+	// serves none by default (staging.go).
+	s.workloadEnv.ControlPlane.GetAPIServer().Configure().Set("runtime-config", workloadRuntimeConfig)
 	if s.opts.AuditLog != "" {
 		policy := filepath.Join(s.binDir, "audit-policy.yaml")
 		if err := os.WriteFile(policy, []byte(auditPolicy), 0o600); err != nil {

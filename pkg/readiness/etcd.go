@@ -109,7 +109,7 @@ func judgeEtcd(s *rollout.Snapshot, target string) Finding {
 		problems = append(problems, etcdProblem{Block, found, do})
 	}
 	for _, m := range s.Members {
-		if m.Healthy || !m.Started() || m.Learner || len(m.Alarms) > 0 || isStale(m) {
+		if m.Healthy || !m.Started() || m.Learner || len(m.Alarms) > 0 || isStale(m) || onlyAlarmErrors(m) {
 			continue // reported above, or nothing to say
 		}
 		found := fmt.Sprintf("member %s is unhealthy: %s", m, strings.Join(m.Errors, "; "))
@@ -314,4 +314,12 @@ func clusterArgsWithMachine(cluster, machine string) string {
 		return cluster + " " + machine
 	}
 	return name + " " + machine + " -n " + ns
+}
+
+// onlyAlarmErrors is true for a member whose only errors are the alarms of
+// the cluster: etcd lists every member's alarm in each member's status
+// errors, so the alarmed member's neighbours read unhealthy for its alarm,
+// which the alarm's own finding names.
+func onlyAlarmErrors(m etcd.Member) bool {
+	return len(m.Errors) > 0 && !slices.ContainsFunc(m.Errors, func(e string) bool { return !strings.Contains(e, "alarm:") })
 }

@@ -142,6 +142,15 @@ func TestJudgeEtcd(t *testing.T) {
 			})...),
 			result: Block, found: []string{"member n1 [11] is unhealthy: context deadline exceeded"},
 			do: []string{"`kubectl cp-rollout replace demo m1 -n default`"}},
+		{name: "an alarm is named once, not as each neighbour's error",
+			s: cpSnapshot(three, members(func(ms []etcd.Member) []etcd.Member {
+				ms[0].Healthy, ms[0].Alarms = false, []string{"NOSPACE"}
+				for i := 1; i < 3; i++ { // etcd 3.6 lists the cluster's alarms in every member's status errors
+					ms[i].Healthy, ms[i].Errors = false, []string{"memberID:17 alarm:NOSPACE "}
+				}
+				return ms
+			})...),
+			result: Block, found: []string{"NOSPACE"}, notInFound: []string{"is unhealthy"}},
 		{name: "a machine without a member warns on the count",
 			s:      cpSnapshot(three, members(func(ms []etcd.Member) []etcd.Member { return ms[:2] })...),
 			result: Warn, found: []string{"2 etcd members for 3 control-plane machines; without a member: m333"}},
