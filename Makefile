@@ -92,7 +92,7 @@ LONG       := ^Test(ClusterClassUpgradeThroughTwoMinors|LeastPrivilege|Fleet.*|D
 # machine replaced, a failed run explained) and leaves the rest to
 # `make test-runbooks`, which CI runs too.
 RUNBOOKS   := ^Test(ClusterClassRestartAndTemplate|UpgradeReplacesUnhealthy|Compound(TwoDeadMembersFiveReplicas|DeadMemberAndAPIServerDown|AllCondemnedEtcdHealthy)|DrainBlockedByPDB|RaisedDrainTimeoutReachesTheDeletingMachine|WorkersScaleAfterHandbackOfAFailedRun|UpgradeWithNewMachineTemplate|PauseThenRolloutOfASpecChange|RestartReplacesEveryMachine|RolloutOfExpiringCertificates)$$
-SIM_RUNBOOKS := ^Test(EveryRolloutChangeIsVisibleToKCP|FaultAnnotations)$$
+SIM_RUNBOOKS := ^Test(EveryRolloutChangeIsVisibleToKCP|FaultAnnotations|StagedFindings)$$
 # The simulator's own long scenario: two simulators starting on one
 # namespace, seven minutes of both cores beside the end-to-end suite.
 SIM_LONG   := ^TestClustersShareANamespace$$

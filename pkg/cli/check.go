@@ -216,8 +216,12 @@ func (r *checkReport) refusal() error {
 	for i, f := range blockers {
 		names[i] = f.Check
 	}
-	return exitcode.Unsafef("%s/%s is not ready for %s: %s blocks (%s); fix what it found, or accept it knowingly with --skip-check %s",
-		r.Namespace, r.Cluster, r.Version, strings.Join(names, ", "), blockers[0].Found, strings.Join(names, ","))
+	verb := "blocks"
+	if len(names) > 1 {
+		verb = "block"
+	}
+	return exitcode.Unsafef("%s/%s is not ready for %s: %s %s (%s); fix what it found, or accept it knowingly with --skip-check %s",
+		r.Namespace, r.Cluster, r.Version, strings.Join(names, ", "), verb, blockers[0].Found, strings.Join(names, ","))
 }
 
 // checkView is what check prints: each cluster's report, and its findings
