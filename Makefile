@@ -91,7 +91,7 @@ LONG       := ^Test(ClusterClassUpgradeThroughTwoMinors|LeastPrivilege|Fleet.*|D
 # of every change KCP rolls out. `make test` keeps one of each kind (a dead
 # machine replaced, a failed run explained) and leaves the rest to
 # `make test-runbooks`, which CI runs too.
-RUNBOOKS   := ^Test(ClusterClassRestartAndTemplate|UpgradeReplacesUnhealthy|Compound(TwoDeadMembersFiveReplicas|DeadMemberAndAPIServerDown|AllCondemnedEtcdHealthy)|DrainBlockedByPDB|RaisedDrainTimeoutReachesTheDeletingMachine|WorkersScaleAfterHandbackOfAFailedRun|UpgradeWithNewMachineTemplate|PauseThenRolloutOfASpecChange|RestartReplacesEveryMachine|RolloutOfExpiringCertificates)$$
+RUNBOOKS   := ^Test(ClusterClassRestartAndTemplate|GateDaemonSetsUnready|UpgradeReplacesUnhealthy|Compound(TwoDeadMembersFiveReplicas|DeadMemberAndAPIServerDown|AllCondemnedEtcdHealthy)|DrainBlockedByPDB|RaisedDrainTimeoutReachesTheDeletingMachine|WorkersScaleAfterHandbackOfAFailedRun|UpgradeWithNewMachineTemplate|PauseThenRolloutOfASpecChange|RestartReplacesEveryMachine|RolloutOfExpiringCertificates)$$
 SIM_RUNBOOKS := ^Test(EveryRolloutChangeIsVisibleToKCP|FaultAnnotations|StagedFindings)$$
 # The simulator's own long scenario: two simulators starting on one
 # namespace, seven minutes of both cores beside the end-to-end suite.

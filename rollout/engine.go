@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"time"
 
@@ -160,6 +161,9 @@ type Workload interface {
 	// CoreDNSBehind says how CoreDNS differs from what KCP makes of it once
 	// the machines are done, its rollout included, or "" when it does not.
 	CoreDNSBehind(ctx context.Context, kcp *controlplanev1.KubeadmControlPlane) (string, error)
+	// DaemonSetsUnready lists the DaemonSets Ready on one of peers and not
+	// on node: the first of the gates between machines (gates.go).
+	DaemonSetsUnready(ctx context.Context, node string, peers []string) ([]workload.UnreadyDaemonSet, error)
 }
 
 // Etcd is what the engine needs of etcd; *etcd.Client provides it.
@@ -239,6 +243,9 @@ type Engine struct {
 	Timeouts Timeouts
 	// Requests, when set, counts the run's round trips for its summary.
 	Requests func() progress.Requests
+	// GateOutput is where the operator's --gate writes; nil is the
+	// process's standard error (Timeouts.Gates says what runs).
+	GateOutput io.Writer
 
 	// What follows is the engine's memory across snapshots, its own account
 	// of what it did and saw: no snapshot is kept here; each decision is

@@ -39,6 +39,9 @@ type loop struct {
 	// leaderRetries counts how often the member being removed won
 	// leadership back (dropMember).
 	leaderRetries int
+	// gated names the machines that passed the gates in this loop
+	// (passGates), so that none is gated twice.
+	gated map[string]bool
 }
 
 func (e *loop) converge(ctx context.Context, t Target) (*Snapshot, error) {
@@ -252,15 +255,34 @@ func (e *Engine) createReplacement(ctx context.Context, s *Snapshot, next Step) 
 }
 
 // awaitJoin waits until a new machine has its node and is healthy — node,
-// static pods, a named and promoted etcd member — then settles if asked to.
-// It returns the live snapshot the wait ended on, or nil after settling (it
-// is stale by then).
+// static pods, a named and promoted etcd member — then passes it through the
+// gates between machines (gates.go): its DaemonSets, the operator's gate,
+// the soak. It returns the live snapshot the wait ended on when the wait
+// ended on anything but the machine healthy, or nil after the gates (it is
+// stale by then, and the next step is decided on a live read).
 func (e *loop) awaitJoin(ctx context.Context, t Target, s *Snapshot, next Step) (*Snapshot, error) {
 	ended, err := e.awaitHealthy(ctx, t, s, next)
-	if err != nil || e.Timeouts.Settle <= 0 {
-		return ended, err
+	if err != nil {
+		return nil, err
 	}
-	return nil, e.settle(ctx)
+	joined, ok := joinedHealthy(ended, next.Machine)
+	if !ok {
+		return ended, nil
+	}
+	return nil, e.passGates(ctx, ended, joined)
+}
+
+// gateFirst passes through the gates, before a deletion, the newest machine
+// of the operation that this loop has not gated: the machine whose join a
+// run before this one watched, and whose gates stopped that run or were
+// never reached (it was killed). It reports whether it gated one: the
+// deletion is then decided again on a live read.
+func (e *loop) gateFirst(ctx context.Context, s *Snapshot) (bool, error) {
+	m, ok := ungated(s, e.gated)
+	if !ok {
+		return false, nil
+	}
+	return true, e.passGates(ctx, s, m)
 }
 
 func (e *loop) awaitHealthy(ctx context.Context, t Target, s *Snapshot, next Step) (ended *Snapshot, err error) {
@@ -274,13 +296,6 @@ func (e *loop) awaitHealthy(ctx context.Context, t Target, s *Snapshot, next Ste
 	return ended, nil
 }
 
-// settle pauses after a machine joined, before the next step.
-func (e *Engine) settle(ctx context.Context) (err error) {
-	st := e.begin(Settle, "", "waiting "+e.Timeouts.Settle.String())
-	defer st.end(&err)
-	return sleep(ctx, e.Timeouts.Settle)
-}
-
 // deleteVictim deletes one machine: it gets the kcp-cleanup hook first, so the
 // Machine controller stops before the infrastructure goes and its member is
 // removed while the machine still runs; its node is drained, and etcd
@@ -292,6 +307,9 @@ func (e *Engine) settle(ctx context.Context) (err error) {
 // is not made (the node is given back) and the loop decides afresh; the
 // machine step it began stays in progress for the deletion decided next.
 func (e *loop) deleteVictim(ctx context.Context, t Target, s *Snapshot, next Step) (err error) {
+	if gated, err := e.gateFirst(ctx, s); gated || err != nil {
+		return err
+	}
 	m := next.Machine
 	e.steps.beginMachineStep(true)
 	if err := e.Machines.EnsureCleanupHook(ctx, m); err != nil {

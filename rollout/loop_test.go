@@ -79,6 +79,9 @@ type scripted struct {
 	// calls; "" after them.
 	coreDNSBehind string
 	coreDNSReads  int
+	// daemonSetsUnready, when set, is what DaemonSetsUnready says for a
+	// node; it says nothing is unready otherwise.
+	daemonSetsUnready func(node string, peers []string) ([]workload.UnreadyDaemonSet, error)
 	// coreDNSRefused, when set, is a move of CoreDNS KCP refuses.
 	coreDNSRefused *workload.CoreDNSRefusedError
 	// drainRules are the MachineDrainRules DrainRules names.
@@ -241,6 +244,16 @@ func (f *scripted) CoreDNSBehind(context.Context, *controlplanev1.KubeadmControl
 	}
 	f.coreDNSReads--
 	return f.coreDNSBehind, nil
+}
+
+func (f *scripted) DaemonSetsUnready(_ context.Context, node string, peers []string) ([]workload.UnreadyDaemonSet, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.trace = append(f.trace, "daemonsets "+node)
+	if f.daemonSetsUnready == nil {
+		return nil, nil
+	}
+	return f.daemonSetsUnready(node, peers)
 }
 
 func (f *scripted) Members(context.Context, []etcd.Node) ([]etcd.Member, error) {
@@ -1048,7 +1061,7 @@ func TestConvergeStopsWhenNoLongerOurs(t *testing.T) {
 	})
 }
 
-func TestConvergeSettlesAfterEachJoin(t *testing.T) {
+func TestConvergeSoaksAfterEachJoin(t *testing.T) {
 	old := machineSpec{outdated: true}
 	f := newScripted(world(old, old, old))
 	limits := fast
@@ -1057,8 +1070,8 @@ func TestConvergeSettlesAfterEachJoin(t *testing.T) {
 	if err := converge(t, e, surge1); err != nil {
 		t.Fatal(err)
 	}
-	if settled := len(ev.of("settle", progress.Done)); settled != 3 {
-		t.Fatalf("settled %d times, want after each of 3 joins", settled)
+	if soaked := len(ev.of("soak", progress.Done)); soaked != 3 {
+		t.Fatalf("soaked %d times, want after each of 3 joins", soaked)
 	}
 	ev.paired(t)
 }

@@ -56,7 +56,11 @@ const (
 	RemoveOrphan    Action = "remove-orphan"
 	Uncordon        Action = "uncordon"
 	PrepareWorkload Action = "prepare-workload"
-	Settle          Action = "settle"
+	// The gates between machines (gates.go): a new machine's DaemonSets,
+	// one pass of the operator's --gate, the --soak after them.
+	AwaitDaemonSets Action = "await-daemonsets"
+	Gate            Action = "gate"
+	Soak            Action = "soak"
 	Drain           Action = "drain"
 	MoveLeader      Action = "move-leader"
 	RemoveMember    Action = "remove-member"
@@ -73,10 +77,10 @@ const (
 )
 
 // Waits reports whether a step of action a only waits, changing nothing:
-// the steps named await-<what>, and settle, the pause after a machine
-// joined.
+// the steps named await-<what>, a pass of the operator's gate (a check, as
+// far as the run knows), and the soak after a machine joined.
 func (a Action) Waits() bool {
-	return strings.HasPrefix(string(a), "await-") || a == Settle
+	return strings.HasPrefix(string(a), "await-") || a == Gate || a == Soak
 }
 
 // Step is Next's answer: one action and why.

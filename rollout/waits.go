@@ -18,9 +18,13 @@ type Timeouts struct {
 	// Delete bounds a deleting machine's wait, for its pre-terminate stage and
 	// then until it is gone.
 	Delete time.Duration
-	// Settle is a pause after each new machine turns healthy, before the next
-	// step.
+	// Settle is the soak (--soak; --settle before it, an alias now): a wait
+	// after each new machine passed its gates, before the next step.
 	Settle time.Duration
+	// Gates are what each new machine passes once healthy, before the soak
+	// and the next step: its DaemonSets (bounded by Health) and the
+	// operator's gate (gates.go).
+	Gates Gates
 	// Recovery is how long the loop waits for a machine that was healthy and
 	// went bad to recover before it refuses to go on; 0 means UnhealthyGrace.
 	Recovery time.Duration
@@ -47,7 +51,7 @@ type Timeouts struct {
 
 // DefaultTimeouts are the flags' defaults.
 var DefaultTimeouts = Timeouts{Provision: 20 * time.Minute, Health: 10 * time.Minute, Delete: 20 * time.Minute, Recovery: UnhealthyGrace, Handback: 2 * time.Minute,
-	Pause: 2 * time.Minute, Topology: 2 * time.Minute}
+	Pause: 2 * time.Minute, Topology: 2 * time.Minute, Gates: Gates{Count: 1, Timeout: DefaultGateTimeout}}
 
 // addonsLimit is Addons when unset. After KCP has settled, kube-proxy
 // follows at once (KCP retags its DaemonSet in the reconcile that settles),
@@ -130,6 +134,9 @@ const (
 	waitDeletion
 	// waitRecovery: a machine that was healthy went bad.
 	waitRecovery
+	// waitDaemonSets: a new machine is healthy and its node's DaemonSets
+	// are not yet all Ready (awaitDaemonSets).
+	waitDaemonSets
 )
 
 func (k waitKind) limit(t Timeouts) time.Duration {
@@ -158,6 +165,9 @@ func (k waitKind) expired(limit time.Duration, last Step, lastErr error) error {
 		return exitcode.Timeoutf("timed out after %s waiting for machine %s to get a node; last seen: %s", limit, m, last.Reason)
 	case waitDeletion:
 		return exitcode.Timeoutf("timed out after %s waiting for machine %s to be deleted; last seen: %s", limit, m, last.Reason)
+	case waitDaemonSets:
+		return exitcode.Timeoutf("timed out after %s (--health-timeout) waiting for the DaemonSets on node %s of machine %s to be Ready as on the other control-plane nodes; last seen: %s; %s",
+			limit, nodeName(last.Machine), m, last.Reason, gatedAgain)
 	}
 	return exitcode.Timeoutf("timed out after %s waiting for machine %s to be healthy; last seen: %s", limit, m, last.Reason)
 }

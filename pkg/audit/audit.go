@@ -67,7 +67,7 @@ func New(c client.Client, kcp *controlplanev1.KubeadmControlPlane, instance stri
 
 // Reporter passes every event on to next and records on the trail the end
 // of each step that changes the control plane, and every failure. A wait
-// (await-join, await-deletion, await-kcp, ..., settle) changes nothing:
+// (await-join, await-deletion, await-kcp, ..., a gate pass, soak) changes nothing:
 // only its failure, which is why a run stopped, is recorded. Re-reads are
 // not steps.
 func (t *Trail) Reporter(next progress.Reporter) progress.Reporter {
@@ -87,8 +87,8 @@ func (r *reporter) Report(e progress.Event) {
 }
 
 // Records reports whether the trail records an event of action in phase
-// (see Reporter). The run's waits are named await-<what>, but for settle,
-// the pause after a machine joined.
+// (see Reporter). The run's waits are named await-<what>, but for a pass
+// of the operator's gate and the soak after a machine joined (Action.Waits).
 func Records(action string, phase progress.Phase) bool {
 	wait := rollout.Action(action).Waits()
 	return action != string(rollout.Read) && (phase == progress.Failed || phase == progress.Done && !wait)

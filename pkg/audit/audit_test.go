@@ -49,7 +49,8 @@ func TestTrailRecordsEachStepOnTheKCP(t *testing.T) {
 		{Action: "create", Machine: "demo-control-plane-abcde", Phase: progress.Done, Message: "created at v1.36.3"},
 		{Action: "await-join", Machine: "demo-control-plane-abcde", Phase: progress.Waiting, Message: "no node yet"},
 		{Action: "await-join", Machine: "demo-control-plane-abcde", Phase: progress.Done, Message: "healthy"},
-		{Action: "settle", Phase: progress.Done, Message: "settled"},
+		{Action: "soak", Phase: progress.Done, Message: "soaked 5s"},
+		{Action: "gate", Machine: "demo-control-plane-abcde", Phase: progress.Done, Message: "passed 1 of 1 in a row"},
 		{Action: "await-deletion", Machine: "demo-control-plane-old", Phase: progress.Failed, Message: "not gone within 10m0s"},
 		{Action: "read", Phase: progress.Done, Message: "read again"},
 		{Action: "move-leader", Machine: "demo-control-plane-old", Phase: progress.Failed, Message: "to x: timed out; trying the next candidate",
@@ -61,8 +62,8 @@ func TestTrailRecordsEachStepOnTheKCP(t *testing.T) {
 		r.Report(e)
 	}
 	trail.Close()
-	if next.n != 10 {
-		t.Fatalf("the run's reporter got %d of 10 events", next.n)
+	if next.n != 11 {
+		t.Fatalf("the run's reporter got %d of 11 events", next.n)
 	}
 
 	var list eventsv1.EventList

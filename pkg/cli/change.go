@@ -45,6 +45,7 @@ func (o *changeOptions) addFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
 	o.req.addFlags(cmd)
 	o.wait.addFlags(f)
+	deprecationsToStderr(cmd)
 	f.BoolVar(&o.DryRun, "dry-run", false, "Print the plan (as the plan verb does) and change nothing")
 	f.StringVar(&o.OnFailure, "on-failure", o.OnFailure, "What a run that fails (exit 3 or 4) does with the KubeadmControlPlane's pause: stay (paused with the run's record; re-run to resume) or handback (give it back to KCP, unless a machine is still joining or deleting); the exit code is the failure's either way")
 }
@@ -212,10 +213,10 @@ func (l *waitLimits) addFlags(f *pflag.FlagSet) {
 	f.DurationVar(&l.Timeouts.Provision, "provision-timeout", l.Timeouts.Provision, "How long a new machine may take to get a node")
 	f.DurationVar(&l.Timeouts.Health, "health-timeout", l.Timeouts.Health, "How long a new machine may take, once it has a node, to be healthy (node, static pods, etcd member)")
 	f.DurationVar(&l.Timeouts.Delete, "delete-timeout", l.Timeouts.Delete, "How long a machine may take to be deleted")
-	f.DurationVar(&l.Timeouts.Settle, "settle", l.Timeouts.Settle, "Pause after each new machine turns healthy, before the next step")
 	f.DurationVar(&l.Timeouts.Recovery, "unhealthy-grace", l.Timeouts.Recovery, "How long a machine that was healthy and went bad (a failed probe, a restarting static pod, a member that lost its peers for a moment) may take to recover before the run refuses to go on (exit 3)")
 	f.DurationVar(&l.handback, "handback-timeout", l.handback, "How long KCP may take, after the hand-back, to reconcile and agree the rollout is done (its status at the target version, every machine up to date)")
 	f.BoolVar(&l.NoWait, "no-wait", l.NoWait, "Exit once the control plane is handed back, without waiting for KCP to agree the rollout is done")
+	gateFlags{&l.Timeouts}.addFlags(f)
 }
 
 // complete makes --no-wait a hand-back timeout of 0.
@@ -232,7 +233,7 @@ func (l *waitLimits) validate() error {
 		value time.Duration
 	}{
 		{"timeout", l.Timeout}, {"provision-timeout", l.Timeouts.Provision}, {"health-timeout", l.Timeouts.Health},
-		{"delete-timeout", l.Timeouts.Delete}, {"settle", l.Timeouts.Settle}, {"handback-timeout", l.handback},
+		{"delete-timeout", l.Timeouts.Delete}, {"handback-timeout", l.handback},
 	} {
 		if d.value < 0 {
 			return exitcode.Usagef("--%s must not be negative, not %s", d.flag, d.value)
@@ -241,5 +242,5 @@ func (l *waitLimits) validate() error {
 	if l.Timeouts.Recovery <= 0 {
 		return exitcode.Usagef("--unhealthy-grace must be positive, not %s", l.Timeouts.Recovery)
 	}
-	return nil
+	return gateFlags{&l.Timeouts}.validate()
 }

@@ -15,6 +15,7 @@ import (
 	yaml "go.yaml.in/yaml/v3"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
+	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 const (
@@ -67,8 +68,10 @@ var configurable = map[string]bool{
 	// Wait limits: how slow this site's infrastructure may be. They bound
 	// how long the tool waits, never what it changes.
 	"timeout": true, "provision-timeout": true, "health-timeout": true, "delete-timeout": true,
-	"settle": true, "handback-timeout": true, "no-wait": true, "workers-timeout": true, "unhealthy-grace": true,
-	"topology-timeout": true,
+	"soak": true, "handback-timeout": true, "no-wait": true, "workers-timeout": true, "unhealthy-grace": true,
+	"topology-timeout": true, "gate-timeout": true,
+	// --soak's former name, still read where a site's file has it.
+	settleFlag: true,
 }
 
 // targetOrIdentity are kubectl's connection flags that choose, beside the
@@ -83,12 +86,22 @@ var targetOrIdentity = map[string]bool{
 	"username": true, "password": true, "as": true, "as-group": true, "as-uid": true,
 }
 
-// credential are the flags whose value is a secret, never repeated in an error.
-var credential = map[string]bool{"token": true, "password": true}
+// credential are the flags whose value is a secret, never repeated in an
+// error; --gate's command may hold one too (a token in a curl).
+var credential = map[string]bool{"token": true, "password": true, "gate": true}
+
+// runsCommand are the flags whose value the tool runs as the operator: only
+// what the operator typed, or a runbook wrote on the command line, may name
+// one, never a file or a variable left in a shell that nobody reads before
+// the run.
+var runsCommand = map[string]bool{"gate": true}
 
 // notConfigurable explains a refused key or variable; flag is its name.
 func notConfigurable(flag string) string {
 	const may = "the config file and environment may set only the kubeconfig and context, and network, display and wait settings"
+	if runsCommand[flag] {
+		return fmt.Sprintf("--%s runs a command as you, so it comes only from the command line (pass --%s there); %s", flag, flag, may)
+	}
 	if targetOrIdentity[flag] {
 		return fmt.Sprintf("the namespace, cluster and identity come only from the command line or the kubeconfig's context (pass --%s there); %s", flag, may)
 	}
@@ -109,10 +122,23 @@ func checkEnvironment(known map[string]bool) error {
 			if credential[name] {
 				value = "…" // an error line ends up in logs and tickets
 			}
-			return exitcode.Usagef("environment variable %s=%s is not allowed: %s", envName(name), value, notConfigurable(name))
+			return exitcode.Usagef("environment variable %s=%s is not allowed: %s%s", envName(name), value, notConfigurable(name), inGate(name))
 		}
 	}
 	return nil
+}
+
+// inGate explains a refused variable that a --gate command was given, to
+// one that runs the tool again (`kubectl cp-rollout status` as a check):
+// the gate's environment names the cluster and namespace for its own use,
+// and a variable of a flag's name would set that flag.
+func inGate(flag string) string {
+	gateSets := map[string]bool{rollout.GateEnvCluster: true, rollout.GateEnvNamespace: true}
+	if os.Getenv(rollout.GateEnvStep) == "" || !gateSets[envName(flag)] {
+		return ""
+	}
+	return fmt.Sprintf(" (it is set for a --gate command; unset it there before running kubectl cp-rollout: env -u %s -u %s kubectl cp-rollout …)",
+		rollout.GateEnvCluster, rollout.GateEnvNamespace)
 }
 
 // applyConfig fills every flag the user did not give on the command line, first
@@ -156,9 +182,15 @@ func applyConfig(cmd *cobra.Command, file string) error {
 		}
 	}
 
+	typed := map[string]bool{}
+	cmd.Flags().Visit(func(f *pflag.Flag) { typed[f.Name] = true })
 	var setErr error
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
 		if setErr != nil || f.Changed || !configurable[f.Name] || !v.IsSet(f.Name) {
+			return
+		}
+		// The command line gave the flag under its other name.
+		if alias, ok := aliasOf[f.Name]; ok && typed[alias] {
 			return
 		}
 		source := "config file " + file

@@ -86,7 +86,7 @@ func TestTargetAndScopeRefusedFromConfig(t *testing.T) {
 var configurableValues = map[string]string{
 	"kubeconfig": "KUBECONFIG", "context": "mgmt", "disable-compression": "true",
 	"request-timeout": "30s", "etcd-endpoint": "https://{{.NodeIP}}:2379", "output": "json", "etcd": "true",
-	"timeout": "1h", "provision-timeout": "5m", "health-timeout": "2m", "delete-timeout": "3m", "settle": "10s",
+	"timeout": "1h", "provision-timeout": "5m", "health-timeout": "2m", "delete-timeout": "3m", "settle": "10s", "soak": "10s", "gate-timeout": "20m",
 	"handback-timeout": "30s", "no-wait": "true", "workers-timeout": "40m", "unhealthy-grace": "3m",
 	"topology-timeout": "15m",
 }

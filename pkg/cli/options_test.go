@@ -123,7 +123,7 @@ var allRunFlags = []string{
 func withAllRunFlags(v *resolved) {
 	v.MaxSurge, v.Output, v.DryRun, v.OnFailure = 0, "json", true, "handback"
 	v.Timeout = time.Hour
-	v.Timeouts = rollout.Timeouts{Provision: 5 * time.Minute, Health: 2 * time.Minute, Delete: 3 * time.Minute, Settle: 10 * time.Second, Recovery: 4 * time.Minute, Handback: 30 * time.Second,
+	v.Timeouts = rollout.Timeouts{Provision: 5 * time.Minute, Health: 2 * time.Minute, Delete: 3 * time.Minute, Settle: 10 * time.Second, Recovery: 4 * time.Minute, Handback: 30 * time.Second, Gates: rollout.DefaultTimeouts.Gates,
 		Pause: rollout.DefaultTimeouts.Pause, Topology: rollout.DefaultTimeouts.Topology}
 	v.EtcdEndpoint, v.KCPVersion = "https://{{.NodeIP}}:2379", "v1.14.2"
 }
