@@ -92,7 +92,9 @@ func (g Gates) count() int {
 	return 1
 }
 
-func (g Gates) timeout() time.Duration {
+// Limit is how long a machine's gate may take at most: --gate-timeout, or
+// its default.
+func (g Gates) Limit() time.Duration {
 	if g.Timeout > 0 {
 		return g.Timeout
 	}
@@ -294,7 +296,7 @@ func (e *loop) gatePass(ctx context.Context, run *gateRun) (err error) {
 
 // left is what remains of the gate's bound.
 func (run *gateRun) left() time.Duration {
-	return run.gates.timeout() - time.Since(run.began)
+	return run.gates.Limit() - time.Since(run.began)
 }
 
 // expired is the error that stops the run when the gate's bound is spent.
@@ -304,7 +306,7 @@ func (run *gateRun) expired() error {
 	if g.count() > 1 {
 		passes = fmt.Sprintf("pass %d times in a row", g.count())
 	}
-	msg := fmt.Sprintf("gate `%s` did not %s for machine %s within --gate-timeout %s (%d attempts", g.Command, passes, run.machine.Name, g.timeout(), run.attempts)
+	msg := fmt.Sprintf("gate `%s` did not %s for machine %s within --gate-timeout %s (%d attempts", g.Command, passes, run.machine.Name, g.Limit(), run.attempts)
 	if g.count() > 1 {
 		msg += fmt.Sprintf(", %d in a row when it ran out", run.inRow)
 	}

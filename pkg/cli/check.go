@@ -188,10 +188,14 @@ func readinessOf(ctx context.Context, c *connected, s *rollout.Snapshot, version
 }
 
 // runLimit is the longest a rollout of cp may take within timeouts: every
-// machine replaced, each wait to its limit. A certificate that expires
-// sooner may lapse mid-run.
+// machine replaced, each wait to its limit — the join, the DaemonSets (a
+// second --health-timeout), the gate, the soak and the deletion. A
+// certificate that expires sooner may lapse mid-run.
 func runLimit(t rollout.Timeouts, cp *kcpstate.ControlPlane) time.Duration {
-	perMachine := t.Provision + t.Health + t.Delete + t.Settle
+	perMachine := t.Provision + 2*t.Health + t.Settle + t.Delete
+	if t.Gates.Command != "" {
+		perMachine += t.Gates.Limit()
+	}
 	machines := max(len(cp.Machines), 1)
 	return time.Duration(machines) * perMachine
 }
