@@ -89,9 +89,10 @@ LONG       := ^Test(ClusterClassUpgradeThroughTwoMinors|LeastPrivilege|Fleet.*|D
 # rollouts of every change (docs/gitops.md) end to end, each a few minutes on
 # a simulator of its own, and the simulator's own scenarios of its faults and
 # of every change KCP rolls out. `make test` keeps one of each kind (a dead
-# machine replaced, a failed run explained) and leaves the rest to
-# `make test-runbooks`, which CI runs too.
-RUNBOOKS   := ^Test(ClusterClassRestartAndTemplate|GateDaemonSetsUnready|UpgradeReplacesUnhealthy|Compound(TwoDeadMembersFiveReplicas|DeadMemberAndAPIServerDown|AllCondemnedEtcdHealthy)|DrainBlockedByPDB|RaisedDrainTimeoutReachesTheDeletingMachine|WorkersScaleAfterHandbackOfAFailedRun|UpgradeWithNewMachineTemplate|PauseThenRolloutOfASpecChange|RestartReplacesEveryMachine|RolloutOfExpiringCertificates)$$
+# machine replaced, a failed run explained, a gate's steps) and leaves the
+# rest — the gates that stop a run, wait --for done on KCP's own rollout —
+# to `make test-runbooks`, which CI runs too.
+RUNBOOKS   := ^Test(ClusterClassRestartAndTemplate|GateDaemonSetsUnready|GateStopsTheRun|WaitForKCPsOwnRollout|UpgradeReplacesUnhealthy|Compound(TwoDeadMembersFiveReplicas|DeadMemberAndAPIServerDown|AllCondemnedEtcdHealthy)|DrainBlockedByPDB|RaisedDrainTimeoutReachesTheDeletingMachine|WorkersScaleAfterHandbackOfAFailedRun|UpgradeWithNewMachineTemplate|PauseThenRolloutOfASpecChange|RestartReplacesEveryMachine|RolloutOfExpiringCertificates)$$
 SIM_RUNBOOKS := ^Test(EveryRolloutChangeIsVisibleToKCP|FaultAnnotations|StagedFindings)$$
 # The simulator's own long scenario: two simulators starting on one
 # namespace, seven minutes of both cores beside the end-to-end suite.
