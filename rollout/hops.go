@@ -23,23 +23,37 @@ import (
 // most one minor above the last one reached: a hop at or below lowest is one
 // a stopped run already completed, and a re-run passes it by. A chain that
 // skips a minor names the versions to pass through; errors are bad input
-// (exit 2).
+// (exit 2). What the chain alone decides (each hop one minor above the one
+// before it) is checked with lowest empty too, before any cluster is read:
+// only the first hop's distance from the machines needs the cluster.
 func Hops(lowest string, via []string, target string) ([]string, error) {
 	chain := append(append([]string{}, via...), target)
 	versions := make([]semver.Version, len(chain))
+	flags := make([]string, len(chain))
 	for i, hop := range chain {
-		flag := "--via"
+		flags[i] = "--via"
 		if i == len(via) {
-			flag = "--version"
+			flags[i] = "--version"
 		}
-		v, err := ParseVersion(flag, hop)
+		v, err := ParseVersion(flags[i], hop)
 		if err != nil {
 			return nil, err
 		}
-		if i > 0 && !v.GT(versions[i-1]) {
-			return nil, exitcode.Usagef("%s %s is not newer than %s: each version passed through must be newer than the one before", flag, hop, chain[i-1])
-		}
 		versions[i] = v
+		if i == 0 {
+			continue
+		}
+		switch prev := versions[i-1]; {
+		case !v.GT(prev):
+			return nil, exitcode.Usagef("%s %s is not newer than %s: each version passed through must be newer than the one before", flags[i], hop, chain[i-1])
+		case v.Major == prev.Major && v.Minor == prev.Minor:
+			// Each hop is a rollout of every machine, and kubeadm
+			// needs none between two patches of one minor.
+			return nil, exitcode.Usagef("%s %s and %s %s are both v%d.%d.x: --via names one version of each minor below --version's, each a rollout of every machine; leave out --via %s",
+				flags[i-1], chain[i-1], flags[i], hop, v.Major, v.Minor, chain[i-1])
+		case skipsMinor(prev, v):
+			return nil, skipError(flags[i], hop, chain[i-1], prev, v)
+		}
 	}
 	prev, err := semver.ParseTolerant(lowest)
 	if lowest == "" || err != nil {
@@ -51,15 +65,21 @@ func Hops(lowest string, via []string, target string) ([]string, error) {
 			continue // reached already, or the target against the machines: Desired says what is wrong (a downgrade)
 		}
 		if skipsMinor(prev, v) {
-			what := chain[i] + " skips a minor version"
-			if i < len(via) {
-				what = "--via " + chain[i] + " skips a minor version"
-			}
-			return nil, exitcode.Usagef("%s: from %s, pass through %s first (--via, one version of each minor, in order)", what, from, between(prev, v))
+			return nil, skipError(flags[i], chain[i], from, prev, v)
 		}
 		prev, from = v, chain[i]
 	}
 	return chain, nil
+}
+
+// skipError refuses hop, given with flag, for skipping a minor from the
+// version before it.
+func skipError(flag, hop, from string, prev, v semver.Version) error {
+	what := hop + " skips a minor version"
+	if flag == "--via" {
+		what = "--via " + what
+	}
+	return exitcode.Usagef("%s: from %s, pass through %s first (--via, one version of each minor, in order)", what, from, between(prev, v))
 }
 
 // skipsMinor is the one-minor rule of kubeadm and of KCP's admission

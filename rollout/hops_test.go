@@ -36,6 +36,13 @@ func TestHops(t *testing.T) {
 		{"a via below the machines' version", "v1.35.4", []string{"v1.35.2"}, "v1.36.3", "v1.35.2 v1.36.3", false},
 		{"a target not newer than the via", "v1.34.3", []string{"v1.35.2"}, "v1.35.2", "--version v1.35.2 is not newer than v1.35.2", true},
 		{"a via without its v", "v1.34.3", []string{"1.35.2"}, "v1.36.3", "--via 1.35.2 is not a Kubernetes version: want vMAJOR.MINOR.PATCH, for example v1.35.2", true},
+		// The chain's own rules need no machines: Validate checks them
+		// before any cluster is read (lowest "").
+		{"a via on the target's minor", "", []string{"v1.36.1"}, "v1.36.3", "--via v1.36.1 and --version v1.36.3 are both v1.36.x: --via names one version of each minor below --version's", true},
+		{"two vias on one minor", "", []string{"v1.35.1", "v1.35.2"}, "v1.36.3", "--via v1.35.1 and --via v1.35.2 are both v1.35.x", true},
+		{"a skip between via and target, no machines", "", []string{"v1.35.2"}, "v1.37.0", "v1.37.0 skips a minor version: from v1.35.2, pass through a v1.36.x first", true},
+		{"a skip between vias, no machines", "", []string{"v1.33.2", "v1.35.2"}, "v1.36.0", "--via v1.35.2 skips a minor version: from v1.33.2, pass through a v1.34.x first", true},
+		{"a via out of order, no machines", "", []string{"v1.36.2"}, "v1.35.0", "--version v1.35.0 is not newer than v1.36.2", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			hops, err := Hops(tc.lowest, tc.via, tc.target)

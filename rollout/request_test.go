@@ -25,6 +25,8 @@ func TestRequestValidate(t *testing.T) {
 		{"a via without its v", Request{Operation: "upgrade", Version: "v1.37.0", Via: []string{"1.36.2"}}, "--via 1.36.2 is not a Kubernetes version"},
 		{"a via out of order", Request{Operation: "upgrade", Version: "v1.37.0", Via: []string{"v1.36.2", "v1.36.1"}}, "--via v1.36.1 is not newer than v1.36.2"},
 		{"a via without a version", Request{Operation: "upgrade", Via: []string{"v1.36.2"}}, "--via needs --version"},
+		{"a via on the target's minor", Request{Operation: "upgrade", Version: "v1.37.3", Via: []string{"v1.37.0"}}, "--via v1.37.0 and --version v1.37.3 are both v1.37.x"},
+		{"a target two minors past the via", Request{Operation: "upgrade", Version: "v1.38.0", Via: []string{"v1.36.2"}}, "v1.38.0 skips a minor version: from v1.36.2"},
 		{"zero replicas", Request{Operation: "scale", Replicas: replicas(0)}, "--replicas must be at least 1, not 0"},
 		{"a template without a version", Request{Operation: "upgrade", Template: "demo-v2"}, "--infrastructure-template needs --version"},
 		{"a template with a via", Request{Operation: "upgrade", Version: "v1.37.0", Via: []string{"v1.36.2"}, Template: "demo-v2"}, "cannot go with --via"},

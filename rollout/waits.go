@@ -9,14 +9,15 @@ import (
 
 // Timeouts bound each kind of wait.
 type Timeouts struct {
-	// Provision bounds a new machine's wait for its node.
+	// Provision bounds a new machine's wait for its node; 0 is no limit.
 	Provision time.Duration
 	// Health bounds a new machine's wait, once it has a node, for its node,
-	// static pods and etcd member to be healthy; and how long the tool keeps
-	// retrying when it cannot read the clusters.
+	// static pods and etcd member to be healthy, and its DaemonSets' wait;
+	// and how long the tool keeps retrying when it cannot read the clusters.
+	// 0 is no limit on the machine's waits, but not on the retries (limit).
 	Health time.Duration
 	// Delete bounds a deleting machine's wait, for its pre-terminate stage and
-	// then until it is gone.
+	// then until it is gone; 0 is no limit.
 	Delete time.Duration
 	// Settle is the soak (--soak; --settle before it, an alias now): a wait
 	// after each new machine passed its gates, before the next step.
@@ -139,6 +140,9 @@ const (
 	waitDaemonSets
 )
 
+// limit is how long a wait of this kind may last; 0 is no limit, as the
+// flags' 0 is, as --timeout's is: a site whose machines take as long as they
+// take bounds the run with --timeout, if at all.
 func (k waitKind) limit(t Timeouts) time.Duration {
 	switch k {
 	case waitProvision:
@@ -147,6 +151,14 @@ func (k waitKind) limit(t Timeouts) time.Duration {
 		return t.Delete
 	case waitRecovery:
 		return t.recovery()
+	case waitRead:
+		// --health-timeout 0 lifts the limit on a machine's health, not on
+		// a management or workload cluster that stopped answering: a run
+		// that cannot read holds the control plane paused and sees
+		// nothing, so it gives up after the default and says why.
+		if t.Health == 0 {
+			return DefaultTimeouts.Health
+		}
 	}
 	return t.Health
 }
@@ -202,9 +214,10 @@ func (w *wait) observe(kind waitKind, reason string) bool {
 	return false
 }
 
-// expired returns the wait's expiry error once its limit has passed.
+// expired returns the wait's expiry error once its limit, if it has one,
+// has passed.
 func (w *wait) expired(t Timeouts, last Step, lastErr error) error {
-	if limit := w.kind.limit(t); time.Since(w.since) > limit {
+	if limit := w.kind.limit(t); limit > 0 && time.Since(w.since) > limit {
 		return w.kind.expired(limit, last, lastErr)
 	}
 	return nil

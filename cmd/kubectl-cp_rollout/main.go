@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -47,7 +48,8 @@ func run() int {
 	}
 	fmt.Fprintf(os.Stderr, "error: %v\n", err)
 	if code == exitcode.Usage {
-		fmt.Fprintln(os.Stderr, "Run 'kubectl cp-rollout --help' for usage.")
+		// The help of the command that refused: it lists that verb's flags.
+		fmt.Fprintf(os.Stderr, "Run '%s --help' for usage.\n", cmp.Or(res.Command, "kubectl cp-rollout"))
 	}
 	return code
 }

@@ -94,31 +94,46 @@ func TestKubectlFindsThePlugin(t *testing.T) {
 	}
 }
 
+// kubectl's flags are listed, as kubectl lists its own, by the options verb
+// that --help points at.
 func TestHelpShowsKubectlFlags(t *testing.T) {
 	r := kubectl(t, nil, "cp-rollout", "--help")
 	if r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.log)
 	}
-	for _, want := range []string{"kubectl cp-rollout [command]", "--kubeconfig", "--context", "--namespace", "--as ", "--request-timeout", "version"} {
+	for _, want := range []string{"kubectl cp-rollout [command]", "version", `Use "kubectl cp-rollout options" for a list of global command-line options`} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("--help lacks %q", want)
+		}
+	}
+	r = kubectl(t, nil, "cp-rollout", "options")
+	if r.code != 0 {
+		t.Fatalf("options: exit %d: %s", r.code, r.log)
+	}
+	for _, want := range []string{"--kubeconfig", "--context", "--namespace", "--as ", "--request-timeout"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("options lacks %q", want)
 		}
 	}
 }
 
 func TestBadUsageExitsTwoWithOneLine(t *testing.T) {
-	for _, args := range [][]string{
-		{"cp-rollout", "upgarde"},
-		{"cp-rollout", "version", "--no-such-flag"},
-		{"cp-rollout", "version", "-o", "xml"},
+	for _, tc := range []struct {
+		args []string
+		hint string // the help of the command that refused
+	}{
+		{[]string{"cp-rollout", "upgarde"}, "Run 'kubectl cp-rollout --help' for usage."},
+		{[]string{"cp-rollout", "version", "--no-such-flag"}, "Run 'kubectl cp-rollout version --help' for usage."},
+		{[]string{"cp-rollout", "version", "-o", "xml"}, "Run 'kubectl cp-rollout version --help' for usage."},
 	} {
+		args := tc.args
 		r := kubectl(t, nil, args...)
 		if r.code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, r.code)
 		}
 		lines := strings.Split(strings.TrimSpace(r.log), "\n")
-		if len(lines) != 2 || !strings.HasPrefix(lines[0], "error: ") || !strings.Contains(lines[1], "--help") {
-			t.Errorf("%v: want one error line and the usage hint, got:\n%s", args, r.log)
+		if len(lines) != 2 || !strings.HasPrefix(lines[0], "error: ") || lines[1] != tc.hint {
+			t.Errorf("%v: want one error line and %q, got:\n%s", args, tc.hint, r.log)
 		}
 		if r.stdout != "" {
 			t.Errorf("%v: printed to stdout: %q", args, r.stdout)

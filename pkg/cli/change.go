@@ -46,7 +46,8 @@ func (o *changeOptions) addFlags(cmd *cobra.Command) {
 	o.req.addFlags(cmd)
 	o.wait.addFlags(f)
 	deprecationsToStderr(cmd)
-	f.BoolVar(&o.DryRun, "dry-run", false, "Print the plan (as the plan verb does) and change nothing")
+	dryRun := f.VarPF(dryRunFlag{&o.DryRun}, "dry-run", "", "Print the plan (as the plan verb does) and change nothing: --dry-run or --dry-run=client; none (the default) runs. There is no server-side dry run of a rollout")
+	dryRun.NoOptDefVal = dryRunClient
 	f.StringVar(&o.OnFailure, "on-failure", o.OnFailure, "What a run that fails (exit 3 or 4) does with the KubeadmControlPlane's pause: stay (paused with the run's record; re-run to resume) or handback (give it back to KCP, unless a machine is still joining or deleting); the exit code is the failure's either way")
 }
 
@@ -58,6 +59,39 @@ func (o *changeOptions) addFleetFlags(f *pflag.FlagSet) {
 	o.limits.addFlags(f)
 	o.consent.addYesFlag(f)
 }
+
+// dryRunFlag is --dry-run as kubectl takes it: bare or =client, or none.
+// The tool's dry run is client-side: it prints the plan it computes from what
+// it reads. server is refused rather than taken as client: kubectl's server
+// dry run has the API server admit each write, which no plan here does, and
+// a rollout's writes depend on one another's outcome. true and false, which
+// the flag took when it was a bool, still work.
+type dryRunFlag struct{ on *bool }
+
+const dryRunClient = "client"
+
+func (d dryRunFlag) String() string {
+	if d.on != nil && *d.on {
+		return dryRunClient
+	}
+	return "none"
+}
+
+func (d dryRunFlag) Set(value string) error {
+	switch value {
+	case dryRunClient, "true":
+		*d.on = true
+	case "none", "false":
+		*d.on = false
+	case "server":
+		return errors.New("this tool has no server-side dry run of a rollout: --dry-run (=client) prints the plan, changing nothing")
+	default:
+		return errors.New("want client (or --dry-run alone) to print the plan, or none")
+	}
+	return nil
+}
+
+func (dryRunFlag) Type() string { return "string" }
 
 // The values of --on-failure.
 const (
@@ -210,9 +244,9 @@ func newWaitLimits() waitLimits {
 
 func (l *waitLimits) addFlags(f *pflag.FlagSet) {
 	f.DurationVar(&l.Timeout, "timeout", l.Timeout, "Give up after this long in all (0: no overall limit; each wait has its own)")
-	f.DurationVar(&l.Timeouts.Provision, "provision-timeout", l.Timeouts.Provision, "How long a new machine may take to get a node")
-	f.DurationVar(&l.Timeouts.Health, "health-timeout", l.Timeouts.Health, "How long a new machine may take, once it has a node, to be healthy (node, static pods, etcd member)")
-	f.DurationVar(&l.Timeouts.Delete, "delete-timeout", l.Timeouts.Delete, "How long a machine may take to be deleted")
+	f.DurationVar(&l.Timeouts.Provision, "provision-timeout", l.Timeouts.Provision, "How long a new machine may take to get a node (0: no limit)")
+	f.DurationVar(&l.Timeouts.Health, "health-timeout", l.Timeouts.Health, "How long a new machine may take, once it has a node, to be healthy (node, static pods, etcd member), and its node's DaemonSets to be Ready (0: no limit)")
+	f.DurationVar(&l.Timeouts.Delete, "delete-timeout", l.Timeouts.Delete, "How long a machine may take to be deleted (0: no limit)")
 	f.DurationVar(&l.Timeouts.Recovery, "unhealthy-grace", l.Timeouts.Recovery, "How long a machine that was healthy and went bad (a failed probe, a restarting static pod, a member that lost its peers for a moment) may take to recover before the run refuses to go on (exit 3)")
 	f.DurationVar(&l.handback, "handback-timeout", l.handback, "How long KCP may take, after the hand-back, to reconcile and agree the rollout is done (its status at the target version, every machine up to date)")
 	f.BoolVar(&l.NoWait, "no-wait", l.NoWait, "Exit once the control plane is handed back, without waiting for KCP to agree the rollout is done")

@@ -192,7 +192,16 @@ func readinessOf(ctx context.Context, c *connected, s *rollout.Snapshot, version
 // second --health-timeout), the gate, the soak and the deletion. A
 // certificate that expires sooner may lapse mid-run.
 func runLimit(t rollout.Timeouts, cp *kcpstate.ControlPlane) time.Duration {
-	perMachine := t.Provision + 2*t.Health + t.Settle + t.Delete
+	// A wait without a limit (0) is counted at its default: a run that
+	// could last for ever has no horizon to judge a certificate by.
+	limit := func(d, otherwise time.Duration) time.Duration {
+		if d > 0 {
+			return d
+		}
+		return otherwise
+	}
+	d := rollout.DefaultTimeouts
+	perMachine := limit(t.Provision, d.Provision) + 2*limit(t.Health, d.Health) + t.Settle + limit(t.Delete, d.Delete)
 	if t.Gates.Command != "" {
 		perMachine += t.Gates.Limit()
 	}

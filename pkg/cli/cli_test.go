@@ -103,12 +103,12 @@ func TestBadInputIsUsageError(t *testing.T) {
 		{"unknown flag", []string{"version", "--bogus"}, "unknown flag: --bogus"},
 		{"unknown shorthand", []string{"-Z"}, "unknown shorthand flag: 'Z'"},
 		{"bad output", []string{"version", "-o", "yaml"}, `--output must be one of text, json, not "yaml"`},
-		{"extra argument", []string{"version", "extra"}, `unknown command "extra"`},
-		{"bad shell", []string{"completion", "tcsh"}, `invalid argument "tcsh"`},
-		{"no shell", []string{"completion"}, "accepts 1 arg(s), received 0"},
+		{"extra argument", []string{"version", "extra"}, "version takes no arguments; got 1"},
+		{"bad shell", []string{"completion", "tcsh"}, `completion needs one argument, the shell: bash, zsh, fish, powershell; got "tcsh"`},
+		{"no shell", []string{"completion"}, "completion needs one argument, the shell: bash, zsh, fish, powershell; got 0"},
 		{"flag without value", []string{"version", "--output"}, "flag needs an argument"},
 		{"upgrade without cluster", []string{"upgrade", "--version", "v1.36.3"}, "needs a CLUSTER name, or -l SELECTOR / -A"},
-		{"upgrade with two clusters", []string{"upgrade", "a", "b", "--version", "v1.36.3"}, "takes one CLUSTER name"},
+		{"upgrade with two clusters", []string{"upgrade", "a", "b", "--version", "v1.36.3"}, "upgrade takes at most one argument, the Cluster's name (or -l/-A instead); got 2"},
 		{"cluster and selector", []string{"upgrade", "demo", "-l", "env=sim", "--version", "v1.36.3"}, "a CLUSTER name or -l/-A, not both"},
 		{"cluster and all namespaces", []string{"status", "demo", "-A"}, "a CLUSTER name or -l/-A, not both"},
 		{"bad selector", []string{"status", "-l", "env in (a"}, "-l env in (a:"},
@@ -130,7 +130,28 @@ func TestBadInputIsUsageError(t *testing.T) {
 		{"negative timeout", []string{"upgrade", "demo", "--version", "v1.36.3", "--health-timeout", "-1s"}, "--health-timeout must not be negative"},
 		{"no grace", []string{"upgrade", "demo", "--version", "v1.36.3", "--unhealthy-grace", "0s"}, "--unhealthy-grace must be positive"},
 		{"no topology wait", []string{"upgrade", "demo", "--version", "v1.36.3", "--topology-timeout", "0s"}, "--topology-timeout must be positive"},
-		{"bad duration", []string{"upgrade", "demo", "--version", "v1.36.3", "--settle", "soon"}, `invalid argument "soon"`},
+		{"bad duration", []string{"upgrade", "demo", "--version", "v1.36.3", "--settle", "soon"}, "--settle soon: not a duration: want a number with a unit, such as 90s, 20m or 1h30m"},
+		// A value a flag cannot take is said in the tool's words, not the
+		// Go parser's (strconv.ParseInt).
+		{"replicas not a number", []string{"scale", "demo", "--replicas", "abc"}, "--replicas abc: not a whole number"},
+		{"replicas out of range", []string{"scale", "demo", "--replicas", "99999999999"}, "--replicas 99999999999: out of range"},
+		{"duration without a unit", []string{"upgrade", "demo", "--version", "v1.36.3", "--provision-timeout", "20"}, "--provision-timeout 20: not a duration"},
+		// kubectl's --dry-run=server: the tool's dry run is client-side.
+		{"server dry run", []string{"upgrade", "demo", "--version", "v1.36.3", "--dry-run=server"}, "--dry-run server: this tool has no server-side dry run of a rollout"},
+		{"unknown dry run", []string{"restart", "demo", "--dry-run=all"}, "--dry-run all: want client (or --dry-run alone) to print the plan, or none"},
+		// Flags that would be ignored are refused.
+		{"via with replicas", []string{"plan", "demo", "--replicas", "3", "--via", "v1.35.2"}, "--via needs --version"},
+		{"via with rollout", []string{"plan", "demo", "--rollout", "--via", "v1.35.2"}, "--via needs --version"},
+		{"workers timeout without waiting", []string{"upgrade", "demo", "--version", "v1.36.3", "--workers-timeout", "1h"}, "--workers-timeout goes with --wait-workers"},
+		{"replace-unhealthy with a restart plan", []string{"plan", "demo", "--restart", "--replace-unhealthy"}, "--replace-unhealthy goes with --version or --replicas"},
+		{"replace-unhealthy with a replace plan", []string{"plan", "demo", "--replace", "m", "--replace-unhealthy"}, "--replace-unhealthy goes with --version or --replicas"},
+		// The chain of versions needs no cluster to be checked.
+		{"via on the target's minor", []string{"upgrade", "demo", "--version", "v1.36.3", "--via", "v1.36.1"}, "--via v1.36.1 and --version v1.36.3 are both v1.36.x"},
+		{"two vias on one minor", []string{"plan", "demo", "--version", "v1.36.3", "--via", "v1.35.1,v1.35.2"}, "--via v1.35.1 and --via v1.35.2 are both v1.35.x"},
+		{"target skips past the via", []string{"upgrade", "demo", "--version", "v1.37.0", "--via", "v1.35.2"}, "v1.37.0 skips a minor version: from v1.35.2, pass through a v1.36.x first"},
+		{"certificates not whole days", []string{"rollout", "demo", "--certificates-expiring-within", "180h"}, "--certificates-expiring-within 180h is not whole days: use 7d or 8d (KCP's certificatesExpiryDays is whole days)"},
+		{"certificates under a week", []string{"rollout", "demo", "--certificates-expiring-within", "36h"}, "at least 7 days, as KCP's spec.rollout.before.certificatesExpiryDays: use 7d or more"},
+		{"kubeconfig cluster for the cluster argument", []string{"status", "demo", "--cluster", "demo"}, "--cluster demo: the kubeconfig has no cluster entry"},
 		{"template without version", []string{"plan", "demo", "--infrastructure-template", "demo-v2"}, "--infrastructure-template needs --version"},
 		{"template with via", []string{"upgrade", "demo", "--version", "v1.36.3", "--via", "v1.35.2", "--infrastructure-template", "demo-v2"}, "cannot go with --via"},
 		{"template not a name", []string{"upgrade", "demo", "--version", "v1.36.3", "--infrastructure-template", "Demo_V2"}, "is not an object name"},
@@ -374,6 +395,8 @@ func TestRunResult(t *testing.T) {
 		if err == nil {
 			t.Fatalf("%v: no error", tc.args)
 		}
+		// The verb's own --help is what a usage hint names.
+		tc.want.Command = displayName + " " + tc.args[0]
 		if res != tc.want {
 			t.Errorf("%v: %+v, want %+v (err: %v)", tc.args, res, tc.want, err)
 		}

@@ -16,9 +16,13 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/cp-rollout/cp-rollout/pkg/fleet"
+	"github.com/cp-rollout/cp-rollout/rollout"
 )
 
 // fakeManagement is a management cluster's API server that serves the lists
@@ -273,5 +277,230 @@ func TestCompletionWithoutTheManagementCluster(t *testing.T) {
 	}
 	if took := time.Since(start); took > 3*time.Second {
 		t.Errorf("silent server: three completions took %s", took)
+	}
+}
+
+// fakeObjects is a management cluster's API server that serves the objects
+// at their paths (GETs of one object, discovery documents, lists), and 404
+// elsewhere. It counts requests.
+type fakeObjects struct {
+	*httptest.Server
+	requests atomic.Int32
+}
+
+func newFakeObjects(t *testing.T, objects map[string]any) *fakeObjects {
+	t.Helper()
+	f := &fakeObjects{}
+	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.requests.Add(1)
+		o, ok := objects[r.URL.Path]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(o)
+	}))
+	t.Cleanup(f.Close)
+	return f
+}
+
+// upgradeableFleet is, in namespace capi: prod-eu1, a ClusterClass cluster
+// whose class declares three versions, its KubeadmControlPlane at v1.35.2
+// and made from DockerMachineTemplates; plain-1, at v1.34.4, without a
+// topology; orphan-1, whose class cannot be read. The infrastructure group
+// serves its templates and machines, and the namespace holds two templates.
+func upgradeableFleet() map[string]any {
+	const cp, infra = "/apis/controlplane.cluster.x-k8s.io/v1beta2/namespaces/capi/kubeadmcontrolplanes/", "/apis/infrastructure.cluster.x-k8s.io"
+	objects := map[string]any{
+		"/apis/cluster.x-k8s.io/v1beta2/namespaces/capi/clusterclasses/quick-start": &clusterv1.ClusterClass{
+			Spec: clusterv1.ClusterClassSpec{KubernetesVersions: []string{"v1.34.4", "v1.35.2", "v1.36.3"}}},
+		infra: map[string]any{"kind": "APIGroup", "name": "infrastructure.cluster.x-k8s.io",
+			"preferredVersion": map[string]any{"groupVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "version": "v1beta2"}},
+		infra + "/v1beta2": map[string]any{"kind": "APIResourceList", "groupVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+			"resources": []map[string]any{
+				{"name": "dockermachines", "kind": "DockerMachine", "namespaced": true, "singularName": "", "verbs": []string{"list"}},
+				{"name": "dockermachinetemplates/status", "kind": "DockerMachineTemplate", "namespaced": true, "singularName": "", "verbs": []string{"get"}},
+				{"name": "dockermachinetemplates", "kind": "DockerMachineTemplate", "namespaced": true, "singularName": "", "verbs": []string{"list"}},
+			}},
+		infra + "/v1beta2/namespaces/capi/dockermachinetemplates": map[string]any{"kind": "DockerMachineTemplateList", "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+			"metadata": map[string]any{}, "items": []map[string]any{{"metadata": map[string]any{"name": "prod-eu1-v1.36.3"}}, {"metadata": map[string]any{"name": "prod-eu1-v1.35.2"}}}},
+		infra + "/v1beta2/namespaces/capi/dockermachines": map[string]any{"kind": "DockerMachineList", "metadata": map[string]any{},
+			"items": []map[string]any{{"metadata": map[string]any{"name": "not-a-template"}}}},
+	}
+	for _, c := range []struct{ name, version, class string }{{"prod-eu1", "v1.35.2", "quick-start"}, {"plain-1", "v1.34.4", ""}, {"orphan-1", "v1.33.7", "gone"}} {
+		cl := kcpCluster("capi", c.name)
+		if c.class != "" {
+			cl.Spec.Topology = clusterv1.Topology{ClassRef: clusterv1.ClusterClassRef{Name: c.class}, Version: c.version}
+		}
+		objects["/apis/cluster.x-k8s.io/v1beta2/namespaces/capi/clusters/"+c.name] = cl
+		kcp := &controlplanev1.KubeadmControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: "capi", Name: c.name + "-cp"},
+			Spec: controlplanev1.KubeadmControlPlaneSpec{Version: c.version}}
+		kcp.Spec.MachineTemplate.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
+			APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachineTemplate", Name: c.name + "-" + c.version}
+		objects[cp+c.name+"-cp"] = kcp
+	}
+	return objects
+}
+
+// TestCompletionOffersVersions: --version and --via offer the named
+// cluster's KubeadmControlPlane's version and its ClusterClass's declared
+// ones, oldest first; --via after a comma keeps what is typed and offers the
+// rest. A class that cannot be read leaves the KubeadmControlPlane's; a
+// cluster that cannot be read, or -l/-A, offers nothing.
+func TestCompletionOffersVersions(t *testing.T) {
+	api := newFakeObjects(t, upgradeableFleet())
+	useManagement(t, api.URL)
+	class := []string{"v1.34.4", "v1.35.2", "v1.36.3"}
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"upgrade", "prod-eu1", "--version", ""}, class},
+		{[]string{"plan", "prod-eu1", "--version", "v1.36"}, []string{"v1.36.3"}},
+		{[]string{"check", "prod-eu1", "--version", ""}, class},
+		{[]string{"upgrade", "prod-eu1", "--via", ""}, class},
+		{[]string{"upgrade", "prod-eu1", "--via", "v1.34.4,"}, []string{"v1.34.4,v1.35.2", "v1.34.4,v1.36.3"}},
+		{[]string{"plan", "prod-eu1", "--version", "v1.36.3", "--via", "v1.34.4,v1.35"}, []string{"v1.34.4,v1.35.2"}},
+		{[]string{"upgrade", "plain-1", "--version", ""}, []string{"v1.34.4"}},
+		{[]string{"upgrade", "orphan-1", "--version", ""}, []string{"v1.33.7"}},
+		{[]string{"upgrade", "nosuch", "--version", ""}, nil},
+		{[]string{"upgrade", "-n", "other", "prod-eu1", "--version", ""}, nil},
+	} {
+		if got := complete(t, tc.args...); !slices.Equal(got, tc.want) {
+			t.Errorf("%q: %q, want %q", tc.args, got, tc.want)
+		}
+	}
+	before := api.requests.Load()
+	for _, args := range [][]string{{"upgrade", "-A", "--version", ""}, {"upgrade", "-l", "env=prod", "--via", ""}, {"upgrade", "--version", ""}} {
+		if got := complete(t, args...); len(got) != 0 {
+			t.Errorf("%q: %q, want nothing", args, got)
+		}
+	}
+	if n := api.requests.Load() - before; n != 0 {
+		t.Errorf("completing a version without one cluster made %d requests", n)
+	}
+}
+
+// TestCompletionOffersInfrastructureTemplates: --infrastructure-template
+// offers the templates of the kind the KubeadmControlPlane is made from, in
+// its namespace, and nothing of another kind.
+func TestCompletionOffersInfrastructureTemplates(t *testing.T) {
+	api := newFakeObjects(t, upgradeableFleet())
+	useManagement(t, api.URL)
+	want := []string{"prod-eu1-v1.35.2", "prod-eu1-v1.36.3"}
+	for _, args := range [][]string{
+		{"upgrade", "prod-eu1", "--version", "v1.36.3", "--infrastructure-template", ""},
+		{"plan", "prod-eu1", "--infrastructure-template", "prod"},
+	} {
+		if got := complete(t, args...); !slices.Equal(got, want) {
+			t.Errorf("%q: %q, want %q", args, got, want)
+		}
+	}
+	if got := complete(t, "upgrade", "prod-eu1", "--infrastructure-template", "prod-eu1-v1.36"); !slices.Equal(got, want[1:]) {
+		t.Errorf("a prefix: %q", got)
+	}
+	if got := complete(t, "upgrade", "-A", "--infrastructure-template", ""); len(got) != 0 {
+		t.Errorf("-A: %q, want nothing", got)
+	}
+}
+
+// TestCompletionOffersEnumeratedValues: --on-failure and --max-surge offer
+// the values their verbs accept, on every verb that has them, with what each
+// does; -l offers nothing, and no file names either (complete checks the
+// directive of each).
+func TestCompletionOffersEnumeratedValues(t *testing.T) {
+	isolate(t)
+	values := func(lines []string) []string {
+		for i, l := range lines {
+			lines[i], _, _ = strings.Cut(l, "\t")
+		}
+		return lines
+	}
+	withFlag := func(name string) []string {
+		var verbs []string
+		for _, c := range NewRootCmd(genericiooptions.IOStreams{}).Commands() {
+			if c.Flags().Lookup(name) != nil {
+				verbs = append(verbs, c.Name())
+			}
+		}
+		return verbs
+	}
+	for _, tc := range []struct {
+		flag, typed string
+		want        []string
+	}{
+		{"on-failure", "", []string{"stay", "handback"}},
+		{"on-failure", "h", []string{"handback"}},
+		{"max-surge", "", []string{"1", "0", "-1"}},
+		{"max-surge", "0", []string{"0"}},
+	} {
+		verbs := withFlag(tc.flag)
+		if len(verbs) < 5 {
+			t.Fatalf("--%s is on %q only", tc.flag, verbs)
+		}
+		for _, verb := range verbs {
+			if got := values(complete(t, verb, "demo", "--"+tc.flag, tc.typed)); !slices.Equal(got, tc.want) {
+				t.Errorf("%s --%s %s<TAB>: %q, want %q", verb, tc.flag, tc.typed, got, tc.want)
+			}
+		}
+	}
+	// The values offered are the values accepted.
+	for _, v := range []string{"stay", "handback"} {
+		if reached, r := parseVerb(t, "upgrade", "demo", "--version", "v1.36.3", "--on-failure", v); !reached {
+			t.Errorf("--on-failure %s refused: %v", v, r.err)
+		}
+	}
+	for _, v := range []string{"1", "0", "-1"} {
+		if reached, r := parseVerb(t, "upgrade", "demo", "--version", "v1.36.3", "--max-surge", v); !reached {
+			t.Errorf("--max-surge %s refused: %v", v, r.err)
+		}
+	}
+	for _, verb := range withFlag("selector") {
+		if got := complete(t, verb, "-l", ""); len(got) != 0 {
+			t.Errorf("%s -l <TAB>: %q, want nothing", verb, got)
+		}
+	}
+}
+
+// TestCompletionOffersSortFields: status --sort-by offers the fields of the
+// rows it sorts, a machine's, or with -l/-A a cluster's, each one that
+// sorting finds in such a row.
+func TestCompletionOffersSortFields(t *testing.T) {
+	isolate(t)
+	machine := rollout.MachineStatus{Name: "m", Version: "v1.36.3", Node: "n", FailureDomain: "fd", Phase: "Running", UpToDate: true,
+		Deleting: true, Created: time.Now(), Problem: "p", HealthCheck: "h", UpToDateUnknown: true}
+	row := fleet.Row{Cluster: fleet.Cluster{Namespace: "ns", Name: "c"}, ControlPlane: "cp", Version: "v1.36.3", Replicas: 3,
+		Machines: 3, UpToDate: 3, Paused: true, PausedByUs: true, Problem: "p"}
+	for _, tc := range []struct {
+		args []string
+		row  any
+		some []string
+	}{
+		{[]string{"status", "demo", "--sort-by", ""}, machine, []string{".name", ".created", ".failureDomain", ".version"}},
+		{[]string{"status", "-A", "--sort-by", ""}, row, []string{".cluster", ".namespace", ".machines", ".version"}},
+	} {
+		got := complete(t, tc.args...)
+		for _, f := range tc.some {
+			if !slices.Contains(got, f) {
+				t.Errorf("%q: %q lacks %s", tc.args, got, f)
+			}
+		}
+		obj, err := jsonObject(tc.row)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range got {
+			jp, err := relaxedJSONPath("sort-by", f)
+			if err != nil {
+				t.Errorf("%q offers %s, which --sort-by refuses: %v", tc.args, f, err)
+				continue
+			}
+			if found, err := jp.FindResults(obj); err != nil || len(found) == 0 || len(found[0]) == 0 {
+				t.Errorf("%q offers %s, which is not in a row's JSON %v", tc.args, f, obj)
+			}
+		}
+	}
+	if got := complete(t, "status", "demo", "--sort-by", ".fail"); !slices.Equal(got, []string{".failureDomain"}) {
+		t.Errorf("--sort-by .fail<TAB>: %q", got)
 	}
 }

@@ -14,12 +14,14 @@ import (
 	"github.com/blang/semver/v4"
 	"github.com/spf13/pflag"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kcpstate "sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg"
 
 	"github.com/cp-rollout/cp-rollout/deploy/rbac"
@@ -416,7 +418,7 @@ func (c *connection) connectManagement(ctx context.Context, use engineUse) (*man
 				return nil, perr
 			}
 		}
-		return nil, err
+		return nil, c.notThere(m.kube, cfg.Host, err)
 	}
 	// A run that passes its checks may read the workload cluster's Secrets,
 	// which are among the operate roles' permissions.
@@ -505,6 +507,91 @@ func (c *connection) startLoop(ctx context.Context, m *management, wl *workload.
 	return trail, watches, closer, nil
 }
 
+// notThere explains the verb's first read of the control plane failing
+// because what the command line or the kubeconfig names is not there: no
+// Cluster of that name in that namespace, or no Cluster API on the server
+// the kubeconfig's context points at. Either is bad input (exit 2), with
+// where to look: nothing was read, so nothing changed, and the fix is in the
+// command line or the kubeconfig, not in the cluster. (The same Cluster gone
+// later in a run stays exit 3: the run's controlplane reads say so.) Any
+// other error is returned as it is.
+func (c *connection) notThere(kube client.Client, server string, err error) error {
+	var missing *controlplane.ClusterNotFoundError
+	if !errors.As(err, &missing) && !meta.IsNoMatchError(err) {
+		return err
+	}
+	// A server that answers 404 to discovery gives the Cluster's read a
+	// NotFound too: only a server that serves Cluster API's Cluster can
+	// have said that this one is missing. The mapper asks discovery again
+	// only if its first answer had no Cluster API.
+	cluster := clusterv1.GroupVersion.WithKind("Cluster")
+	_, merr := kube.RESTMapper().RESTMapping(cluster.GroupKind(), cluster.Version)
+	switch {
+	case merr == nil && missing != nil:
+		return exitcode.Usagef("cluster %s/%s not found (%s): name its namespace with -n NAMESPACE, or find it with -A (`kubectl cp-rollout status -A`) or `kubectl get clusters -A`",
+			missing.Namespace, missing.Name, c.namespaceSource(missing.Namespace))
+	case merr == nil:
+		return err
+	case meta.IsNoMatchError(merr):
+		return exitcode.Usagef("%s serves no Cluster API (no kind Cluster in %s): the kubeconfig's context%s does not point at a Cluster API management cluster; choose one with --context or --kubeconfig",
+			server, cluster.Group, c.contextName())
+	}
+	return exitcode.Usagef("%s does not answer as a Kubernetes API server (%v): the kubeconfig's context%s does not point at a Cluster API management cluster; choose one with --context or --kubeconfig",
+		server, merr, c.contextName())
+}
+
+// namespaceSource says where namespace, the one a Cluster was looked for
+// in, came from: -n, or the kubeconfig's context when -n was not given.
+func (c *connection) namespaceSource(namespace string) string {
+	if flags, ok := c.Management.(*kubeconfigFlags); ok && flags.Namespace() != "" {
+		return namespace + " is from -n"
+	}
+	return namespace + " is the kubeconfig context's namespace"
+}
+
+// contextName is ` "NAME"`, the kubeconfig context in use, for a message;
+// empty when there is none to name.
+func (c *connection) contextName() string {
+	if flags, ok := c.Management.(*kubeconfigFlags); ok && flags.overrides.CurrentContext != "" {
+		return fmt.Sprintf(" %q", flags.overrides.CurrentContext)
+	}
+	loader := c.Management.ToRawKubeConfigLoader()
+	if loader == nil {
+		return ""
+	}
+	if raw, err := loader.RawConfig(); err == nil && raw.CurrentContext != "" {
+		return fmt.Sprintf(" %q", raw.CurrentContext)
+	}
+	return ""
+}
+
+// kubeconfigClusterFlag explains a --cluster that names no cluster entry of
+// the kubeconfig, nil for any other: kubectl's --cluster picks which of the
+// kubeconfig's API servers to talk to, and is easily taken for the Cluster
+// API cluster to act on, which is the CLUSTER argument. client-go's own
+// words ("cluster "demo" does not exist") leave the two mixed up.
+func (c *connection) kubeconfigClusterFlag() error {
+	flags, ok := c.Management.(*kubeconfigFlags)
+	if !ok || flags.overrides.Context.Cluster == "" {
+		return nil
+	}
+	name := flags.overrides.Context.Cluster
+	raw, err := flags.ToRawKubeConfigLoader().RawConfig()
+	if err != nil {
+		return nil // kubeconfigError says what is wrong with the kubeconfig
+	}
+	if _, ok := raw.Clusters[name]; ok || len(raw.Clusters) == 0 {
+		return nil // none at all: kubeconfigError says where it looked
+	}
+	entries := make([]string, 0, len(raw.Clusters))
+	for entry := range raw.Clusters {
+		entries = append(entries, entry)
+	}
+	slices.Sort(entries)
+	return exitcode.Usagef("--cluster %s: the kubeconfig has no cluster entry %q (it has: %s); --cluster chooses one of the kubeconfig's API servers, not the Cluster API cluster, which is the CLUSTER argument: leave --cluster out",
+		name, name, strings.Join(entries, ", "))
+}
+
 // restConfig is the management cluster's connection as the flags select it.
 // Having no kubeconfig at all (none in KUBECONFIG or ~/.kube/config, or a
 // --kubeconfig file that does not exist) is exit 7, as an unreachable API
@@ -519,6 +606,9 @@ func (c *connection) startLoop(ctx context.Context, m *management, wl *workload.
 func (c *connection) restConfig() (*rest.Config, error) {
 	cfg, err := c.Management.ToRESTConfig()
 	if err != nil {
+		if ferr := c.kubeconfigClusterFlag(); ferr != nil {
+			return nil, ferr
+		}
 		return nil, c.kubeconfigError("management cluster", err)
 	}
 	if cfg.Timeout == 0 {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -22,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/cp-rollout/cp-rollout/pkg/controlplane"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -210,4 +213,87 @@ func silentServer(t *testing.T) string {
 		}
 	}()
 	return l.Addr().String()
+}
+
+// TestFirstReadOfWhatIsNotThere: the verb's first read finding no Cluster
+// of the name given, or a server the kubeconfig points at that is no Cluster
+// API management cluster, is bad input (exit 2) saying where to look, not an
+// unsafe cluster (exit 3) or a failure (exit 1). The same Cluster gone
+// later in a run stays exit 3.
+func TestFirstReadOfWhatIsNotThere(t *testing.T) {
+	ctx := context.Background()
+	t.Run("no such cluster", func(t *testing.T) {
+		// An API server with Cluster API, and no Cluster demo.
+		mapper := meta.NewDefaultRESTMapper(nil)
+		mapper.Add(clusterv1.GroupVersion.WithKind("Cluster"), meta.RESTScopeNamespace)
+		kube := fake.NewClientBuilder().WithScheme(controlplane.Scheme()).WithRESTMapper(mapper).Build()
+		c := &connection{Management: &restConfigOf{}, Namespace: "default", Cluster: "demo"}
+		_, _, err := controlplane.New(kube, c.Namespace, c.Cluster).ReadKCP(ctx)
+		if got := exitcode.Of(err); got != exitcode.Unsafe {
+			t.Fatalf("mid-run, a Cluster gone: exit %d (%v), want %d", got, err, exitcode.Unsafe)
+		}
+		err = c.notThere(kube, "https://mgmt", err)
+		for _, want := range []string{"cluster default/demo not found", "-n NAMESPACE", "-A", "kubectl get clusters -A"} {
+			if exitcode.Of(err) != exitcode.Usage || !strings.Contains(err.Error(), want) {
+				t.Errorf("first read, no Cluster: exit %d (%v), want %d saying %q", exitcode.Of(err), err, exitcode.Usage, want)
+			}
+		}
+	})
+
+	for _, tc := range []struct {
+		name   string
+		server http.Handler
+		want   string
+	}{
+		{"not a Kubernetes API server", http.NotFoundHandler(), "does not answer as a Kubernetes API server"},
+		{"Kubernetes without Cluster API", kubernetesWithoutClusterAPI(), "serves no Cluster API (no kind Cluster in cluster.x-k8s.io)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			server := httptest.NewServer(tc.server)
+			t.Cleanup(server.Close)
+			c := &connection{Management: &restConfigOf{Host: server.URL}, Namespace: "default", Cluster: "demo"}
+			_, err := c.connectManagement(ctx, noLoop)
+			if exitcode.Of(err) != exitcode.Usage || !strings.Contains(err.Error(), tc.want) ||
+				!strings.Contains(err.Error(), server.URL) || !strings.Contains(err.Error(), "does not point at a Cluster API management cluster") {
+				t.Errorf("exit %d (%v), want %d naming %s and saying %q", exitcode.Of(err), err, exitcode.Usage, server.URL, tc.want)
+			}
+		})
+	}
+}
+
+// kubernetesWithoutClusterAPI answers discovery as an API server with the
+// core and apps groups alone would, and 404 to anything else.
+func kubernetesWithoutClusterAPI() http.Handler {
+	answers := map[string]string{
+		"/api":          `{"kind":"APIVersions","versions":["v1"]}`,
+		"/apis":         `{"kind":"APIGroupList","apiVersion":"v1","groups":[{"name":"apps","versions":[{"groupVersion":"apps/v1","version":"v1"}],"preferredVersion":{"groupVersion":"apps/v1","version":"v1"}}]}`,
+		"/api/v1":       `{"kind":"APIResourceList","groupVersion":"v1","resources":[{"name":"pods","singularName":"pod","namespaced":true,"kind":"Pod","verbs":["get","list"]}]}`,
+		"/apis/apps/v1": `{"kind":"APIResourceList","groupVersion":"apps/v1","resources":[{"name":"deployments","singularName":"deployment","namespaced":true,"kind":"Deployment","verbs":["get","list"]}]}`,
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, ok := answers[r.URL.Path]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(body))
+	})
+}
+
+// TestKubeconfigClusterFlagIsNotTheClusterArgument: --cluster naming no
+// entry of the kubeconfig is told what --cluster is, and that the Cluster
+// API cluster is the CLUSTER argument (exit 2); one it has is no error.
+func TestKubeconfigClusterFlagIsNotTheClusterArgument(t *testing.T) {
+	isolate(t)
+	r := run(t, "status", "demo", "--cluster", "demo")
+	for _, want := range []string{`the kubeconfig has no cluster entry "demo" (it has: nowhere)`, "not the Cluster API cluster, which is the CLUSTER argument"} {
+		if r.code != exitcode.Usage || !strings.Contains(r.err.Error(), want) || strings.Contains(r.err.Error(), "\n") {
+			t.Errorf("status demo --cluster demo: exit %d (%v), want %d, one line saying %q", r.code, r.err, exitcode.Usage, want)
+		}
+	}
+	// The kubeconfig's own entry: the tool goes on to dial it (no one there).
+	if r := run(t, "status", "demo", "--cluster", "nowhere"); r.code != exitcode.Unreachable {
+		t.Errorf("status demo --cluster nowhere: exit %d (%v), want %d", r.code, r.err, exitcode.Unreachable)
+	}
 }

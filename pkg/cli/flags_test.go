@@ -2,6 +2,8 @@ package cli
 
 import (
 	"flag"
+	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +18,8 @@ import (
 
 // Each verb has only the flags it uses: --help lists nothing the verb would
 // refuse or ignore, and a flag that does not apply is unknown, not hidden.
+// (The flags every verb inherits, the connection's, --config and -v, are
+// listed by the options verb instead: TestHelpListsTheVerbsOwnFlags.)
 func TestEachVerbHasOnlyItsFlags(t *testing.T) {
 	fleetRun := []string{"parallel", "max-failures", "yes"} // a change over -l/-A
 	waits := []string{"timeout", "provision-timeout", "health-timeout", "delete-timeout", "soak", "settle", "unhealthy-grace",
@@ -40,6 +44,7 @@ func TestEachVerbHasOnlyItsFlags(t *testing.T) {
 		"rbac":       {forbidden: all(fleetRun, waits)},
 		"version":    {forbidden: all(fleetRun, waits)},
 		"completion": {forbidden: all(fleetRun, waits)},
+		"options":    {forbidden: all(fleetRun, waits)},
 		// One cluster, read-only; --timeout alone of the run's waits.
 		"wait": {forbidden: all(fleetRun, slices.DeleteFunc(slices.Clone(waits), func(f string) bool { return f == "timeout" }), []string{"dry-run", "on-failure", "etcd-endpoint", "kcp-version"})},
 	}
@@ -103,7 +108,7 @@ func TestVerbosity(t *testing.T) {
 	}
 	isolate(t)
 	refused(t, run(t, "status", "demo", "-v", "-1"), exitcode.Usage, "-v must not be negative")
-	refused(t, run(t, "status", "demo", "-v", "high"), exitcode.Usage, `invalid argument "high"`)
+	refused(t, run(t, "status", "demo", "-v", "high"), exitcode.Usage, "-v high: not a whole number")
 }
 
 func setKlogVerbosity(t *testing.T, level int) {
@@ -112,5 +117,121 @@ func setKlogVerbosity(t *testing.T, level int) {
 	klog.InitFlags(&fs)
 	if err := fs.Set("v", strconv.Itoa(level)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// helpFlagLine is a flag's line in a help text: "  -n, --namespace string …".
+var helpFlagLine = regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([\w-]+)`)
+
+// helpFlags are the flags a help text lists, by long name, in order.
+func helpFlags(help string) []string {
+	var names []string
+	for _, m := range helpFlagLine.FindAllStringSubmatch(help, -1) {
+		names = append(names, m[1])
+	}
+	return names
+}
+
+// TestHelpListsTheVerbsOwnFlags: each verb's --help lists every flag of its
+// own, and none of those every verb inherits, which it ends by pointing at
+// the options verb for; options lists those, and each of them still works on
+// every verb.
+func TestHelpListsTheVerbsOwnFlags(t *testing.T) {
+	isolate(t)
+	root := NewRootCmd(genericiooptions.IOStreams{})
+	var global []string
+	root.PersistentFlags().VisitAll(func(f *pflag.Flag) { global = append(global, f.Name) })
+	if len(global) < 20 || !slices.Contains(global, "kubeconfig") || !slices.Contains(global, "as") || !slices.Contains(global, "v") {
+		t.Fatalf("the root's persistent flags: %q", global)
+	}
+	r := run(t, "options")
+	if r.err != nil || !strings.HasPrefix(r.out, "The following options can be passed to any command:\n\n") {
+		t.Fatalf("options: %v\n%s", r.err, r.out)
+	}
+	if got := helpFlags(r.out); !slices.Equal(got, global) {
+		t.Errorf("options lists %q, want the flags every verb inherits, %q", got, global)
+	}
+	const hint = `Use "kubectl cp-rollout options" for a list of global command-line options (applies to all commands).`
+	for _, cmd := range append(root.Commands(), root) {
+		verb := cmd.Name()
+		t.Run(verb, func(t *testing.T) {
+			args := []string{verb, "--help"}
+			if cmd == root {
+				args = args[1:]
+			}
+			help := run(t, args...)
+			if help.err != nil {
+				t.Fatal(help.err)
+			}
+			var own []string
+			cmd.LocalFlags().VisitAll(func(f *pflag.Flag) {
+				if f.Deprecated == "" && root.PersistentFlags().Lookup(f.Name) == nil {
+					own = append(own, f.Name)
+				}
+			})
+			if cmd != root {
+				own = append(own, "help") // cobra adds -h when it runs
+			}
+			got := helpFlags(help.out)
+			for _, name := range own {
+				if !slices.Contains(got, name) {
+					t.Errorf("--help does not list its own --%s", name)
+				}
+			}
+			for _, name := range got {
+				if slices.Contains(global, name) {
+					t.Errorf("--help lists --%s, which options lists", name)
+				}
+			}
+			if !strings.HasSuffix(help.out, "\n"+hint+"\n") {
+				t.Errorf("--help does not end with %q:\n%s", hint, help.out)
+			}
+			// Not listed, and still taken: --help after them shows that
+			// each parses, and runs nothing.
+			for _, name := range global {
+				value := "x"
+				switch name {
+				case "v":
+					value = "1"
+				case "disable-compression", "insecure-skip-tls-verify":
+					value = "true"
+				}
+				if r := run(t, append(args, "--"+name+"="+value)...); r.err != nil {
+					t.Errorf("--%s: %v", name, r.err)
+				}
+			}
+		})
+	}
+}
+
+// TestHelpListsRequiredFlagsFirst: a flag that a verb refuses to run
+// without is listed first, in a section of its own; the verb still refuses
+// its absence in its own words, which say what to give, not cobra's.
+func TestHelpListsRequiredFlagsFirst(t *testing.T) {
+	isolate(t)
+	want := map[string][]string{"upgrade": {"version"}, "scale": {"replicas"}, "check": {"version"}, "wait": {"for"}}
+	for _, cmd := range NewRootCmd(genericiooptions.IOStreams{}).Commands() {
+		verb := cmd.Name()
+		help := run(t, verb, "--help").out
+		var required []string
+		if before, after, ok := strings.Cut(help, "\nRequired flags:\n"); ok {
+			if strings.Contains(before, "\nFlags:\n") {
+				t.Errorf("%s: the required flags follow the others", verb)
+			}
+			section, _, _ := strings.Cut(after, "\n\n")
+			required = helpFlags(section)
+		}
+		if !slices.Equal(required, want[verb]) {
+			t.Errorf("%s: required flags %q, want %q", verb, required, want[verb])
+		}
+		for _, name := range required {
+			if slices.Contains(helpFlags(strings.SplitAfter(help, "\nFlags:\n")[1]), name) {
+				t.Errorf("%s: --%s is listed twice", verb, name)
+			}
+			r := run(t, verb, "demo")
+			if msg := fmt.Sprint(r.err); r.code != exitcode.Usage || !strings.HasPrefix(msg, "--"+name+" is required") {
+				t.Errorf("%s without --%s: exit %d, %v; want the verb's own refusal", verb, name, r.code, r.err)
+			}
+		}
 	}
 }

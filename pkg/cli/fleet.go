@@ -43,7 +43,7 @@ func (s *selection) fleet() bool { return s.Selector != "" || s.AllNamespaces }
 // checks that exactly one of the two was given.
 func clusterOrSelection(cmd *cobra.Command, args []string) error {
 	if len(args) > 1 {
-		return exitcode.Usagef("%s takes one CLUSTER name (or -l/-A instead); got %d arguments", cmd.Name(), len(args))
+		return wrongArgs(cmd, "takes at most one argument, the Cluster's name (or -l/-A instead)", len(args))
 	}
 	return nil
 }

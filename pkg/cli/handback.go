@@ -48,15 +48,22 @@ func NewCmdHandback(root *RootOptions, runF func(*HandbackOptions) error) *cobra
 	o := NewHandbackOptions(root.Streams)
 	o.conn.Management = root.ConfigFlags
 	cmd := &cobra.Command{
-		Use:   "handback (CLUSTER | -l SELECTOR | -A)",
-		Short: "Give a control plane back to KCP after an interrupted run",
+		Use: "handback (CLUSTER | -l SELECTOR | -A)",
+		// resume is what clusterctl (alpha rollout resume) and kubectl
+		// (rollout resume) call giving a paused object back to its
+		// controller: a user who reaches for it finds this verb.
+		Aliases: []string{"resume"},
+		Short:   "Give a control plane back to KCP after an interrupted run or a pause (alias: resume)",
 		Long: `End this tool's ownership of CLUSTER's control plane: release a lock whose
 run is gone, remove the pause and the operation record this tool set on the
 KubeadmControlPlane, and say what KCP will now do by itself. A pause that
 carries no record of this tool is someone else's and is never removed. A lock
 that a live run still renews is only released with --force. With -l/-A, each
 matching cluster is handed back in turn, once the list of them is confirmed
-(--yes, or an answer at the terminal) when it holds more than one.`,
+(--yes, or an answer at the terminal) when it holds more than one.
+
+"resume" is another name for this verb, as clusterctl and kubectl name
+theirs: "kubectl cp-rollout resume CLUSTER" is the same command.`,
 		Example:           `  kubectl cp-rollout handback prod-eu1`,
 		Args:              clusterOrSelection,
 		ValidArgsFunction: root.completeCluster,

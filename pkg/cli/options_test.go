@@ -160,6 +160,20 @@ func TestUpgradeOptions(t *testing.T) {
 		// A dry run only plans, and a plan never looks at the KCP controller.
 		{name: "dry run may name any KCP version", args: []string{"demo", "--version", "v1.36.3", "--dry-run", "--kcp-version", "v1.13.0"},
 			want: func(v *resolved) { v.DryRun, v.KCPVersion = true, "v1.13.0" }},
+		// kubectl's values of --dry-run: the tool's is client-side.
+		{name: "dry run client", args: []string{"demo", "--version", "v1.36.3", "--dry-run=client"},
+			want: func(v *resolved) { v.DryRun = true }},
+		{name: "dry run true, as when it was a bool", args: []string{"demo", "--version", "v1.36.3", "--dry-run=true"},
+			want: func(v *resolved) { v.DryRun = true }},
+		{name: "dry run none", args: []string{"demo", "--version", "v1.36.3", "--dry-run=none"}},
+		{name: "dry run false", args: []string{"demo", "--version", "v1.36.3", "--dry-run=false"}},
+		// 0 lifts a wait's limit, as --timeout 0 does.
+		{name: "no wait limits", args: []string{"demo", "--version", "v1.36.3", "--provision-timeout", "0", "--health-timeout", "0", "--delete-timeout", "0"},
+			want: func(v *resolved) { v.Timeouts.Provision, v.Timeouts.Health, v.Timeouts.Delete = 0, 0, 0 }},
+		// A site's --workers-timeout waits for the runs that ask to wait for
+		// the workers: the others do not use it, and it is no reason to
+		// refuse them (typed, it is: TestBadInputIsUsageError).
+		{name: "workers timeout from the config file", args: []string{"demo", "--version", "v1.36.3"}, config: "workers-timeout: 45m\n"},
 	})
 }
 
@@ -232,16 +246,23 @@ func TestPauseOptions(t *testing.T) {
 
 func TestParseDays(t *testing.T) {
 	for _, tc := range []struct {
-		in   string
-		days int32
-		says string
+		in    string
+		least int32
+		days  int32
+		says  string
 	}{
-		{"30d", 30, ""}, {"1d", 1, ""}, {"720h", 30, ""}, {"24h0m0s", 1, ""},
-		{"0d", 0, "must be positive"}, {"-3d", 0, "must be positive"}, {"-24h", 0, "must be positive"},
-		{"36h", 0, "whole number of days"}, {"1.5d", 0, "whole number of days"},
-		{"xd", 0, "not a number of days"}, {"soon", 0, "not a duration"}, {"30", 0, "not a duration"},
+		{"30d", 1, 30, ""}, {"1d", 1, 1, ""}, {"720h", 1, 30, ""}, {"24h0m0s", 1, 1, ""}, {"7d", 7, 7, ""},
+		{"0d", 1, 0, "must be positive"}, {"-3d", 1, 0, "must be positive"}, {"-24h", 1, 0, "must be positive"},
+		{"36h", 1, 0, "--certificates-expiring-within 36h is not whole days: use 1d or 2d (KCP's certificatesExpiryDays is whole days)"},
+		{"1.5d", 1, 0, "1.5d is not whole days: use 1d or 2d"},
+		{"180h", 7, 0, "180h is not whole days: use 7d or 8d"},
+		// Under the least, the whole days either side would be refused
+		// too: the least is named instead.
+		{"36h", 7, 0, "--certificates-expiring-within 36h: at least 7 days, as KCP's spec.rollout.before.certificatesExpiryDays: use 7d or more"},
+		{"6d", 7, 0, "at least 7 days"},
+		{"xd", 1, 0, "not a number of days"}, {"soon", 1, 0, "not a duration"}, {"30", 1, 0, "not a duration"},
 	} {
-		days, err := parseDays("certificates-expiring-within", tc.in)
+		days, err := parseDays("certificates-expiring-within", tc.in, tc.least)
 		switch {
 		case tc.says == "" && (err != nil || days != tc.days):
 			t.Errorf("%q: %d, %v; want %d", tc.in, days, err, tc.days)
@@ -379,13 +400,13 @@ func TestBadInputRefusedBeforeAnyCluster(t *testing.T) {
 		{[]string{"plan", "demo"}, 2, "needs one of --version, --replicas, --replace, --rollout or --restart"},
 		{[]string{"plan", "demo", "--rollout", "--restart"}, 2, "not several"},
 		{[]string{"plan", "demo", "--certificates-expiring-within", "30d"}, 2, "needs --rollout"},
-		{[]string{"plan", "demo", "--rollout", "--certificates-expiring-within", "36h"}, 2, "whole number of days"},
+		{[]string{"plan", "demo", "--rollout", "--certificates-expiring-within", "180h"}, 2, "180h is not whole days: use 7d or 8d"},
 		{[]string{"rollout", "demo", "--certificates-expiring-within", "0d"}, 2, "must be positive"},
 		{[]string{"rollout", "demo", "--certificates-expiring-within", "6d"}, 2, "at least 7 days"},
 		{[]string{"rollout", "demo", "--certificates-expiring-within", "soon"}, 2, "not a duration"},
 		{[]string{"rollout", "demo", "--version", to}, 2, "unknown flag: --version"},
 		{[]string{"restart", "demo", "--certificates-expiring-within", "30d"}, 2, "unknown flag: --certificates-expiring-within"},
-		{[]string{"restart", "demo", "demo2"}, 2, "one CLUSTER name"},
+		{[]string{"restart", "demo", "demo2"}, 2, "restart takes at most one argument, the Cluster's name (or -l/-A instead); got 2"},
 		{[]string{"pause"}, 2, "one argument"},
 		{[]string{"pause", "demo", "--version", to}, 2, "unknown flag: --version"},
 		{[]string{"upgrade", "demo", "--version", to, "--context", "no-such-context"}, 2, "no-such-context"},

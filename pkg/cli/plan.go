@@ -216,9 +216,12 @@ func (o *PlanOptions) Complete(cmd *cobra.Command, args []string) error {
 		}
 	}
 	t := &o.req.request
+	// --via with any other target is the request's to refuse (it needs
+	// --version), not to drop.
+	t.Via = o.via
 	switch {
 	case o.version != "":
-		t.Operation, t.Version, t.Via = rollout.UpgradeOperation, o.version, o.via
+		t.Operation, t.Version = rollout.UpgradeOperation, o.version
 	case cmd.Flags().Changed("replicas"):
 		t.Operation, t.Replicas = rollout.ScaleOperation, &o.replicas
 	case o.replace != "":
@@ -242,6 +245,14 @@ func (o *PlanOptions) Validate() error {
 	}
 	if len(o.req.skip.names) > 0 && o.version == "" {
 		return exitcode.Usagef("--skip-check needs --version: the readiness checks are an upgrade's")
+	}
+	switch o.req.request.Operation {
+	case rollout.ReplaceOperation, rollout.RolloutOperation, rollout.RestartOperation:
+		// Only upgrade and scale take it: the plan would show steps that
+		// no run of this target takes.
+		if o.req.request.ReplaceUnhealthy {
+			return exitcode.Usagef("--replace-unhealthy goes with --version or --replicas: of the runs plan shows, only upgrade and scale take it")
+		}
 	}
 	if o.expiring != "" && !o.rollout {
 		return exitcode.Usagef("--certificates-expiring-within needs --rollout: it names machines a rollout replaces too")

@@ -80,7 +80,7 @@ subject's kubeconfig, shows the user name and groups the API server sees.`,
   kubectl cp-rollout rbac demo -n capi-prod | kubectl apply -f -
   kubectl cp-rollout rbac demo -n capi-prod --role view --group sre-oncall | kubectl apply -f -
   kubectl cp-rollout rbac demo -n capi-prod --role operate --serviceaccount ops:runbook | kubectl apply -f -`,
-		Args:              usageArgs(cobra.MaximumNArgs(1)),
+		Args:              atMostOneCluster,
 		ValidArgsFunction: root.completeCluster,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)

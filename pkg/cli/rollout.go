@@ -95,16 +95,15 @@ func expiryDays(value string) (int32, error) {
 	if value == "" {
 		return 0, nil
 	}
-	days, err := parseDays("certificates-expiring-within", value)
-	if err == nil && days < minExpiryDays {
-		return 0, exitcode.Usagef("--certificates-expiring-within %q: at least %d days, as KCP's spec.rollout.before.certificatesExpiryDays", value, minExpiryDays)
-	}
-	return days, err
+	return parseDays("certificates-expiring-within", value, minExpiryDays)
 }
 
 // parseDays reads a time in whole days, as KCP's certificatesExpiryDays
-// counts it: "30d", or a Go duration that is a whole number of days ("720h").
-func parseDays(flag, value string) (int32, error) {
+// counts it: "30d", or a Go duration that is a whole number of days ("720h"),
+// of at least least days. A time that is not whole days is told the whole
+// days either side of it (36h: 1d or 2d), of those KCP would take; one under
+// least is told least, whether whole or not.
+func parseDays(flag, value string, least int32) (int32, error) {
 	bad := func(why string) error {
 		return exitcode.Usagef("--%s %q: %s, like 30d or 720h", flag, value, why)
 	}
@@ -125,10 +124,13 @@ func parseDays(flag, value string) (int32, error) {
 	switch {
 	case days <= 0:
 		return 0, bad("must be positive")
-	case days != math.Trunc(days):
-		return 0, bad("must be a whole number of days (KCP counts certificate expiry in days)")
+	case days < float64(least):
+		return 0, exitcode.Usagef("--%s %s: at least %d days, as KCP's spec.rollout.before.certificatesExpiryDays: use %dd or more", flag, value, least, least)
 	case days > math.MaxInt32:
 		return 0, bad("too long")
+	case days != math.Trunc(days):
+		return 0, exitcode.Usagef("--%s %s is not whole days: use %.0fd or %.0fd (KCP's certificatesExpiryDays is whole days)",
+			flag, value, math.Floor(days), math.Ceil(days))
 	}
 	return int32(days), nil
 }

@@ -28,6 +28,7 @@ func Run(ctx context.Context, streams genericiooptions.IOStreams, args []string)
 	cmd, err := root.ExecuteContextC(ctx)
 	var res Result
 	if cmd != nil {
+		res.Command = cmd.CommandPath()
 		// The command has parsed -o (from the flag, the environment or the
 		// config file) and refused a value it does not know.
 		if f := cmd.Flags().Lookup("output"); f != nil {
@@ -51,6 +52,10 @@ type Result struct {
 	// Cluster and Namespace name the one cluster the command acted on, as
 	// far as it had resolved them; empty over a fleet.
 	Cluster, Namespace string
+	// Command is the command that failed, as a person types it
+	// ("kubectl cp-rollout upgrade"): a usage error's hint names its --help,
+	// which lists the flags that verb takes, rather than the root's.
+	Command string
 }
 
 // atCluster marks a verb's error with the cluster it acted on, for Result.
@@ -120,7 +125,7 @@ control-plane machine, never lose etcd quorum).`,
 	cmd.SetOut(streams.Out)
 	cmd.SetErr(streams.ErrOut)
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
-		return exitcode.New(exitcode.Usage, err)
+		return flagError(err)
 	})
 
 	o.ConfigFlags.AddFlags(cmd.PersistentFlags())
@@ -128,6 +133,9 @@ control-plane machine, never lose etcd quorum).`,
 	cmd.PersistentFlags().StringVar(&o.ConfigFile, configFlag, o.ConfigFile,
 		"Path to the configuration file (environment: "+envPrefix+"_CONFIG)")
 	addVerbosityFlag(cmd.PersistentFlags(), &o.Verbosity)
+	// Each verb's help lists its own flags; the ones above, which every verb
+	// takes, are listed once, by the options verb, as kubectl does.
+	cmd.SetUsageFunc(usage)
 
 	cmd.AddCommand(
 		NewCmdUpgrade(o, nil),
@@ -144,7 +152,9 @@ control-plane machine, never lose etcd quorum).`,
 		NewCmdRBAC(o, nil),
 		NewCmdVersion(streams, nil),
 		NewCmdCompletion(streams, nil),
+		NewCmdOptions(o),
 	)
+	o.completeFlagValues(cmd)
 	return cmd, o
 }
 
@@ -199,11 +209,30 @@ func noVerb(cmd *cobra.Command, args []string) error {
 	return exitcode.Usagef("%s", msg)
 }
 
-// usageArgs marks cobra's positional-argument errors as bad usage.
-func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, args []string) error {
-		return exitcode.New(exitcode.Usage, check(cmd, args))
+// wrongArgs is every verb's refusal of its positional arguments, in one
+// wording — what the verb takes, then how many it got — as pause, replace
+// and wait phrase theirs ("pause needs one argument, the Cluster's name; got
+// 0"): cobra's own ("accepts 1 arg(s), received 0") names neither the verb
+// nor what the argument is.
+func wrongArgs(cmd *cobra.Command, takes string, got int) error {
+	return exitcode.Usagef("%s %s; got %d", cmd.Name(), takes, got)
+}
+
+// noArgs is the Args of a verb that takes no positional argument. cobra's
+// NoArgs would call a stray word an unknown command.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return wrongArgs(cmd, "takes no arguments", len(args))
 	}
+	return nil
+}
+
+// atMostOneCluster is the Args of a verb that may name one Cluster.
+func atMostOneCluster(cmd *cobra.Command, args []string) error {
+	if len(args) > 1 {
+		return wrongArgs(cmd, "takes at most one argument, the Cluster's name", len(args))
+	}
+	return nil
 }
 
 // oneOf validates an enumerated flag value.

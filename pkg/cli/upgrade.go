@@ -19,6 +19,10 @@ type UpgradeOptions struct {
 	// hand-back, for up to WorkersTimeout.
 	WaitWorkers    bool
 	WorkersTimeout time.Duration
+	// workersTimeoutTyped is whether --workers-timeout was on the command
+	// line, where without --wait-workers it would be ignored; the
+	// environment or config file may set it for the runs that wait.
+	workersTimeoutTyped bool
 }
 
 // NewUpgradeOptions returns the upgrade verb's defaults.
@@ -74,7 +78,14 @@ listed and confirmed at the terminal, or needs --yes.`,
   kubectl cp-rollout upgrade staging-7 --version v1.36.3 --wait-workers
   kubectl cp-rollout upgrade legacy-2 --version v1.36.3 --via v1.35.2
   kubectl cp-rollout upgrade -A -l env=staging --version v1.36.3 --parallel 2 --max-failures 1`,
-		Args:              clusterOrSelection,
+		Args: func(cmd *cobra.Command, args []string) error {
+			// cobra checks the arguments after parsing the command line and
+			// before the root's PersistentPreRunE fills the other flags from
+			// the environment and the config file (applyConfig): here alone
+			// a flag's Changed means typed.
+			o.workersTimeoutTyped = cmd.Flags().Changed("workers-timeout")
+			return clusterOrSelection(cmd, args)
+		},
 		ValidArgsFunction: root.completeCluster,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
@@ -112,6 +123,9 @@ func (o *UpgradeOptions) Validate() error {
 	}
 	if timeouts.Topology <= 0 {
 		return exitcode.Usagef("--topology-timeout must be positive, not %s", timeouts.Topology)
+	}
+	if o.workersTimeoutTyped && !o.WaitWorkers {
+		return exitcode.Usagef("--workers-timeout goes with --wait-workers: without it the run does not wait for the workers")
 	}
 	if o.WaitWorkers && o.WorkersTimeout <= 0 {
 		return exitcode.Usagef("--workers-timeout must be positive, not %s", o.WorkersTimeout)

@@ -32,7 +32,7 @@ func NewCmdVersion(streams genericiooptions.IOStreams, runF func(*VersionOptions
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the version, commit and build date",
-		Args:  usageArgs(cobra.NoArgs),
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerb(cmd, args, o, runF)
 		},

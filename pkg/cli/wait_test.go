@@ -38,7 +38,7 @@ func TestWaitBadInput(t *testing.T) {
 		{[]string{"wait", "demo", "--for", "bogus"}, `--for must be one of done, not "bogus"`},
 		{[]string{"wait", "demo", "--for", "condition=Ready"}, `--for must be one of done`},
 		{[]string{"wait", "demo", "--for", "done", "--timeout", "-1s"}, "--timeout must not be negative, not -1s (0 waits without limit)"},
-		{[]string{"wait", "demo", "--for", "done", "--timeout", "soon"}, `invalid argument "soon" for "--timeout"`},
+		{[]string{"wait", "demo", "--for", "done", "--timeout", "soon"}, "--timeout soon: not a duration"},
 		{[]string{"wait", "demo", "--for", "done", "-o", "yaml"}, `--output must be one of text, json, not "yaml"`},
 		{[]string{"wait", "--for", "done"}, "wait needs one argument, the Cluster's name; got 0"},
 		{[]string{"wait", "a", "b", "--for", "done"}, "wait needs one argument, the Cluster's name; got 2"},

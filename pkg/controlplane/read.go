@@ -255,13 +255,29 @@ func kcpVerdict(kcp *controlplanev1.KubeadmControlPlane, m *clusterv1.Machine) (
 	return false, false
 }
 
+// ClusterNotFoundError is ReadKCP's (and Read's) error when the API server
+// answers that the Cluster is not there. Mid-run it is exit 3: the cluster
+// the run took over went away. A verb's first read tells it apart (errors.As)
+// to say instead that the name or namespace given matches no Cluster. Err is
+// the API server's answer, which a 404 on discovery gives as well.
+type ClusterNotFoundError struct {
+	Namespace, Name string
+	Err             error
+}
+
+func (e *ClusterNotFoundError) Error() string {
+	return fmt.Sprintf("cluster %s/%s not found", e.Namespace, e.Name)
+}
+
+func (e *ClusterNotFoundError) Unwrap() error { return e.Err }
+
 // ReadKCP reads the Cluster and its KubeadmControlPlane alone: what the
 // hand-over decides on.
 func (c *Client) ReadKCP(ctx context.Context) (*clusterv1.Cluster, *controlplanev1.KubeadmControlPlane, error) {
 	cluster := &clusterv1.Cluster{}
 	if err := c.c.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: c.Cluster}, cluster); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, nil, exitcode.Unsafef("cluster %s/%s not found", c.Namespace, c.Cluster)
+			return nil, nil, exitcode.New(exitcode.Unsafe, &ClusterNotFoundError{Namespace: c.Namespace, Name: c.Cluster, Err: err})
 		}
 		return nil, nil, fmt.Errorf("reading cluster %s/%s: %w", c.Namespace, c.Cluster, err)
 	}

@@ -199,8 +199,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{[]string{"scale", "demo", "--replicas", "4"}, 2, "odd"},
 		{[]string{"replace", "demo", worker.Name}, 2, "not a control-plane machine"},
 		{[]string{"replace", "demo", "no-such-machine"}, 2, "not a control-plane machine"},
-		{[]string{"upgrade", "nope", "--version", to}, 3, "cluster " + ns + "/nope not found"},
-		{[]string{"upgrade", "demo", "--version", to, "-n", "no-such-namespace"}, 3, "not found"},
+		// A name or namespace that matches no Cluster is bad input.
+		{[]string{"upgrade", "nope", "--version", to}, 2, "cluster " + ns + "/nope not found (" + ns + " is the kubeconfig context's namespace): name its namespace with -n NAMESPACE"},
+		{[]string{"upgrade", "demo", "--version", to, "-n", "no-such-namespace"}, 2, "name its namespace with -n NAMESPACE"},
 		{[]string{"upgrade", "no-kcp", "--version", to}, 3, "not a KubeadmControlPlane"},
 		{[]string{"upgrade", "demo", "--version", to, "--wait-workers"}, 2, "has no ClusterClass topology"},
 	} {
