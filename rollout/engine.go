@@ -246,12 +246,20 @@ type Engine struct {
 	// GateOutput is where the operator's --gate writes; nil is the
 	// process's standard error (Timeouts.Gates says what runs).
 	GateOutput io.Writer
+	// BetweenMachines, when set, is asked between two machine steps, when
+	// one has ended and nothing is in flight, before the next begins (the
+	// operator's --interactive): an error stops the run there, as any stop,
+	// leaving the pause and record for a re-run. nil goes on (interactive.go).
+	BetweenMachines func(ctx context.Context, b Boundary) error
 
 	// What follows is the engine's memory across snapshots, its own account
 	// of what it did and saw: no snapshot is kept here; each decision is
 	// taken on the snapshot passed to it. What one loop remembers between
 	// its turns is the loop's (see loop).
 	steps stepLog
+	// machineFrom is where in steps.times the machine step in progress
+	// began, for what BetweenMachines is told of it.
+	machineFrom int
 	// seenHealthy names the machines this engine has read healthy.
 	seenHealthy map[string]bool
 }

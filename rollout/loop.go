@@ -233,7 +233,9 @@ func (e *loop) refuse(ctx context.Context, t Target, s *Snapshot, next Step) (en
 // createReplacement creates one machine as KCP would, in the failure domain
 // Next chose.
 func (e *Engine) createReplacement(ctx context.Context, s *Snapshot, next Step) (err error) {
-	e.steps.beginMachineStep(false)
+	if err := e.beginMachineStep(ctx, false); err != nil {
+		return err
+	}
 	st := e.begin(Create, "", next.Reason)
 	defer st.end(&err)
 	m, err := e.Machines.CreateReplacement(ctx, s.CP, next.FailureDomain)
@@ -311,7 +313,9 @@ func (e *loop) deleteVictim(ctx context.Context, t Target, s *Snapshot, next Ste
 		return err
 	}
 	m := next.Machine
-	e.steps.beginMachineStep(true)
+	if err := e.beginMachineStep(ctx, true); err != nil {
+		return err
+	}
 	if err := e.Machines.EnsureCleanupHook(ctx, m); err != nil {
 		return err
 	}

@@ -32,6 +32,10 @@ type changeOptions struct {
 	// inFleet marks one cluster's run of a fleet, whose stop is told once
 	// for all.
 	inFleet bool
+	// Interactive asks at the terminal before each machine step after the
+	// first (confirm.go, betweenMachines), as kOps's rolling-update
+	// --interactive does.
+	Interactive bool
 }
 
 func newChangeOptions(streams genericiooptions.IOStreams, operation rollout.Operation) changeOptions {
@@ -48,6 +52,7 @@ func (o *changeOptions) addFlags(cmd *cobra.Command) {
 	deprecationsToStderr(cmd)
 	dryRun := f.VarPF(dryRunFlag{&o.DryRun}, "dry-run", "", "Print the plan (as the plan verb does) and change nothing: --dry-run or --dry-run=client; none (the default) runs. There is no server-side dry run of a rollout")
 	dryRun.NoOptDefVal = dryRunClient
+	f.BoolVar(&o.Interactive, "interactive", false, "Ask on the terminal before each machine step after the first, once the one before is done and nothing is in flight; any answer but y stops the run there, resumable by the same command (exit 130). Needs a terminal; not with -o json or -l/-A")
 	f.StringVar(&o.OnFailure, "on-failure", o.OnFailure, "What a run that fails (exit 3 or 4) does with the KubeadmControlPlane's pause: stay (paused with the run's record; re-run to resume) or handback (give it back to KCP, unless a machine is still joining or deleting); the exit code is the failure's either way")
 }
 
@@ -131,6 +136,12 @@ func (o *changeOptions) validate() error {
 	if err := o.req.conn.validateKCPVersion(); err != nil {
 		return err
 	}
+	// A plan (above) asks nothing: --interactive is checked for a run only.
+	if o.Interactive {
+		if err := o.consent.validateInteractive(o.req.sel.fleet(), o.req.Output); err != nil {
+			return err
+		}
+	}
 	return o.consent.validateEveryCluster(string(o.req.request.Operation), &o.req.sel)
 }
 
@@ -171,6 +182,9 @@ func (o *changeOptions) converge(ctx, runCtx context.Context, reporter progress.
 	}
 	defer c.close()
 	engine := c.engine
+	if o.Interactive {
+		engine.BetweenMachines = betweenMachines(o.req.Streams, reporter.Stop, o.req.conn.Cluster, o.req.conn.Namespace)
+	}
 	prepared, err := engine.Prepare(runCtx, o.req.request, c.first)
 	if err == nil && prepared.NothingToDo != "" {
 		reporter.Report(progress.Event{Time: time.Now(), Cluster: o.req.conn.Cluster, Namespace: o.req.conn.Namespace, Action: string(o.req.request.Operation),

@@ -33,7 +33,7 @@ type CheckOptions struct {
 
 // NewCheckOptions returns the check verb's defaults.
 func NewCheckOptions(streams genericiooptions.IOStreams) *CheckOptions {
-	return &CheckOptions{output: printFlags{Output: "text"}, Streams: streams}
+	return &CheckOptions{output: printFlags{Output: "text", values: checkOutputs}, Streams: streams}
 }
 
 // checkOutputs are the values of check's -o: status's, but name and
@@ -73,8 +73,7 @@ in turn.`,
 	f := cmd.Flags()
 	f.StringVar(&o.Version, "version", "", "The Kubernetes version to check for, e.g. v1.36.3 (required)")
 	o.skip.addFlag(cmd)
-	f.StringVarP(&o.output.Output, "output", "o", o.output.Output, "Output format: text, wide, json, yaml, name, jsonpath=TEMPLATE, go-template=TEMPLATE or custom-columns=HEADER:FIELD,... (name and custom-columns print a line per finding)")
-	completeOutput(cmd, checkOutputs)
+	addOutputFlag(cmd, &o.output.Output, o.output.values, "Output format: text (a row per check), wide (with how long each took), json (one object; over -l/-A one compact object per cluster, a line each), yaml (that object; over -l/-A the list of them), name (a line per finding), jsonpath=TEMPLATE or go-template=TEMPLATE (read the object -o json prints), or custom-columns=HEADER:FIELD,... (a line per finding)")
 	f.BoolVar(&o.output.NoHeaders, "no-headers", false, "With the text, wide and custom-columns formats: print no column headers")
 	o.conn.addEtcdEndpointFlag(f)
 	o.sel.addFlags(f)

@@ -102,7 +102,7 @@ func TestBadInputIsUsageError(t *testing.T) {
 		{"unknown verb close to one", []string{"versoin"}, `did you mean "version"?`},
 		{"unknown flag", []string{"version", "--bogus"}, "unknown flag: --bogus"},
 		{"unknown shorthand", []string{"-Z"}, "unknown shorthand flag: 'Z'"},
-		{"bad output", []string{"version", "-o", "yaml"}, `--output must be one of text, json, not "yaml"`},
+		{"bad output", []string{"version", "-o", "wide"}, `--output must be one of text, json, yaml, jsonpath=, go-template=, not "wide"`},
 		{"extra argument", []string{"version", "extra"}, "version takes no arguments; got 1"},
 		{"bad shell", []string{"completion", "tcsh"}, `completion needs one argument, the shell: bash, zsh, fish, powershell; got "tcsh"`},
 		{"no shell", []string{"completion"}, "completion needs one argument, the shell: bash, zsh, fish, powershell; got 0"},

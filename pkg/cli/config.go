@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -197,7 +198,21 @@ func applyConfig(cmd *cobra.Command, file string) error {
 		if _, ok := os.LookupEnv(envName(f.Name)); ok || !fromFile {
 			source = "environment variable " + envName(f.Name)
 		}
-		for _, value := range flagValues(v.Get(f.Name)) {
+		values := flagValues(v.Get(f.Name))
+		if outputs, ok := f.Annotations[outputValuesAnnotation]; ok && len(values) == 1 && !acceptsOutput(outputs, values[0]) {
+			// output is one setting for every verb, a site's default
+			// for status, say (wide), that not every verb can print:
+			// a value this verb does not take is not meant for it,
+			// and is left out. Only a value no verb takes is a
+			// mistake in the setting. Typed on the command line, it
+			// is the verb's Validate that refuses it.
+			if !acceptsOutput(everyOutput(cmd.Root()), values[0]) {
+				setErr = exitcode.Usagef("%s: invalid value %q for --output: no verb prints it (the verbs' values are %s)",
+					source, values[0], strings.Join(everyOutput(cmd.Root()), ", "))
+			}
+			return
+		}
+		for _, value := range values {
 			if err := cmd.Flags().Set(f.Name, value); err != nil {
 				setErr = exitcode.Usagef("%s: invalid value %q for --%s: %v", source, value, f.Name, err)
 				return
@@ -205,6 +220,27 @@ func applyConfig(cmd *cobra.Command, file string) error {
 		}
 	})
 	return setErr
+}
+
+// everyOutput is every value of -o that some verb takes, in the order the
+// verbs list them.
+func everyOutput(root *cobra.Command) []string {
+	var all []string
+	var walk func(*cobra.Command)
+	walk = func(c *cobra.Command) {
+		if f := c.Flags().Lookup("output"); f != nil {
+			for _, v := range f.Annotations[outputValuesAnnotation] {
+				if !slices.Contains(all, v) {
+					all = append(all, v)
+				}
+			}
+		}
+		for _, child := range c.Commands() {
+			walk(child)
+		}
+	}
+	walk(root)
+	return all
 }
 
 // flagValues turns a configured value into what pflag's Set accepts: lists

@@ -22,6 +22,10 @@ import (
 // listed by the options verb instead: TestHelpListsTheVerbsOwnFlags.)
 func TestEachVerbHasOnlyItsFlags(t *testing.T) {
 	fleetRun := []string{"parallel", "max-failures", "yes"} // a change over -l/-A
+	// What only a run that changes a control plane takes: a question
+	// between its machines, and the readiness checks an upgrade (and
+	// plan --version) accepts knowingly.
+	runOnly := []string{"interactive"}
 	waits := []string{"timeout", "provision-timeout", "health-timeout", "delete-timeout", "soak", "settle", "unhealthy-grace",
 		"handback-timeout", "no-wait", "workers-timeout", "topology-timeout", "gate", "gate-count", "gate-timeout"}
 	all := func(lists ...[]string) []string { return slices.Concat(lists...) }
@@ -35,18 +39,18 @@ func TestEachVerbHasOnlyItsFlags(t *testing.T) {
 		"restart": {selects: true},
 		// One named machine of one cluster.
 		"replace": {forbidden: fleetRun},
-		"pause":   {forbidden: all(fleetRun, waits, []string{"dry-run", "on-failure"})},
+		"pause":   {forbidden: all(fleetRun, waits, runOnly, []string{"dry-run", "on-failure", "skip-check"})},
 		// A plan changes nothing and waits for nothing.
-		"plan":       {selects: true, forbidden: all(fleetRun, waits, []string{"dry-run", "on-failure"})},
-		"status":     {selects: true, forbidden: all(fleetRun, waits, []string{"dry-run", "on-failure"})},
-		"check":      {selects: true, forbidden: all(fleetRun, waits, []string{"dry-run", "on-failure"})},
-		"handback":   {selects: true, forbidden: all([]string{"parallel", "max-failures"}, waits, []string{"dry-run", "on-failure"})},
-		"rbac":       {forbidden: all(fleetRun, waits)},
-		"version":    {forbidden: all(fleetRun, waits)},
-		"completion": {forbidden: all(fleetRun, waits)},
-		"options":    {forbidden: all(fleetRun, waits)},
+		"plan":       {selects: true, forbidden: all(fleetRun, waits, runOnly, []string{"dry-run", "on-failure"})},
+		"status":     {selects: true, forbidden: all(fleetRun, waits, runOnly, []string{"dry-run", "on-failure", "skip-check"})},
+		"check":      {selects: true, forbidden: all(fleetRun, waits, runOnly, []string{"dry-run", "on-failure"})},
+		"handback":   {selects: true, forbidden: all([]string{"parallel", "max-failures"}, waits, runOnly, []string{"dry-run", "on-failure", "skip-check"})},
+		"rbac":       {forbidden: all(fleetRun, waits, runOnly)},
+		"version":    {forbidden: all(fleetRun, waits, runOnly)},
+		"completion": {forbidden: all(fleetRun, waits, runOnly)},
+		"options":    {forbidden: all(fleetRun, waits, runOnly)},
 		// One cluster, read-only; --timeout alone of the run's waits.
-		"wait": {forbidden: all(fleetRun, slices.DeleteFunc(slices.Clone(waits), func(f string) bool { return f == "timeout" }), []string{"dry-run", "on-failure", "etcd-endpoint", "kcp-version"})},
+		"wait": {forbidden: all(fleetRun, slices.DeleteFunc(slices.Clone(waits), func(f string) bool { return f == "timeout" }), runOnly, []string{"dry-run", "on-failure", "etcd-endpoint", "kcp-version", "skip-check"})},
 	}
 	for _, cmd := range NewRootCmd(genericiooptions.IOStreams{}).Commands() {
 		verb := cmd.Name()

@@ -21,13 +21,14 @@ type HandbackOptions struct {
 	// Handing back more than one cluster, or with -A alone, is confirmed.
 	consent confirmation
 	Streams genericiooptions.IOStreams
-	// Output is text (a line for each thing done) or json (an object per
-	// cluster).
-	Output string
+	// output is -o: text (a line for each thing done) or one of the
+	// formats of an object, one per cluster.
+	output printFlags
 }
 
-// handbackOutputs are the values of handback's -o.
-var handbackOutputs = []string{"text", "json"}
+// handbackOutputs are the values of handback's -o: it prints an object per
+// cluster.
+var handbackOutputs = objectOutputs
 
 // handedBack is what handback -o json prints of a cluster: what it did, in
 // the words of the text form's lines.
@@ -39,7 +40,7 @@ type handedBack struct {
 
 // NewHandbackOptions returns the handback verb's defaults.
 func NewHandbackOptions(streams genericiooptions.IOStreams) *HandbackOptions {
-	return &HandbackOptions{Streams: streams, consent: newConfirmation(streams), Output: "text"}
+	return &HandbackOptions{Streams: streams, consent: newConfirmation(streams), output: printFlags{Output: "text", values: handbackOutputs}}
 }
 
 // NewCmdHandback returns the handback verb. runF, when set, replaces Run, so
@@ -74,8 +75,7 @@ theirs: "kubectl cp-rollout resume CLUSTER" is the same command.`,
 	o.sel.addFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&o.Force, "force", false, "Release the lock even while its holder renews it (only when you know that run is gone)")
 	o.consent.addYesFlag(cmd.Flags())
-	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text (a line for each thing done) or json (an object per cluster: {cluster, namespace, done}; over -l/-A one a line)")
-	completeOutput(cmd, handbackOutputs)
+	addOutputFlag(cmd, &o.output.Output, handbackOutputs, "Output format: text (a line for each thing done; over -l/-A each line names its cluster), json (one object, {cluster, namespace, done}; over -l/-A one per cluster, compact on a line of its own), yaml (that object; over -l/-A a list of them), or jsonpath=TEMPLATE or go-template=TEMPLATE (read that object, per cluster)")
 	return cmd
 }
 
@@ -88,7 +88,7 @@ func (o *HandbackOptions) Complete(_ *cobra.Command, args []string) error {
 // Validate checks that a cluster or a selection was given, and that -A alone
 // is confirmed or can be.
 func (o *HandbackOptions) Validate() error {
-	if err := oneOf("output", o.Output, handbackOutputs...); err != nil {
+	if err := o.output.complete(); err != nil {
 		return err
 	}
 	if err := validateSelection("handback", o.conn.Cluster, o.sel); err != nil {
@@ -145,24 +145,26 @@ func (o *HandbackOptions) handback(ctx context.Context, inFleet bool) error {
 	if err != nil {
 		return err
 	}
-	return printHandedBack(o.Streams.Out, o.Output, inFleet, handedBack{Cluster: o.conn.Cluster, Namespace: o.conn.Namespace, Done: h.Lines()})
+	return printHandedBack(o.Streams.Out, o.output, inFleet, handedBack{Cluster: o.conn.Cluster, Namespace: o.conn.Namespace, Done: h.Lines()})
 }
 
 // printHandedBack prints what handback did to one cluster: a line for each
-// thing, each line naming the cluster in a fleet; with -o json one object,
-// on one line in a fleet (JSON Lines).
-func printHandedBack(out io.Writer, output string, inFleet bool, h handedBack) error {
-	if output == "json" {
-		return writeJSON(out, h, inFleet)
-	}
-	prefix := ""
-	if inFleet {
-		prefix = h.Namespace + "/" + h.Cluster + ": "
-	}
-	for _, line := range h.Done {
-		if _, err := fmt.Fprintln(out, prefix+line); err != nil {
-			return err
+// thing, each line naming the cluster in a fleet; otherwise the object, as
+// -o asks, -o json on one line in a fleet (JSON Lines).
+func printHandedBack(out io.Writer, output printFlags, inFleet bool, h handedBack) error {
+	return output.print(out, h, inFleet, func(tableOptions) error {
+		prefix := ""
+		if inFleet {
+			prefix = h.Namespace + "/" + h.Cluster + ": "
 		}
-	}
-	return nil
+		for _, line := range h.Done {
+			if _, err := fmt.Fprintln(out, prefix+line); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
+
+func (h handedBack) docs() []doc   { return []doc{{h.Namespace + "/" + h.Cluster, h}} }
+func (h handedBack) rowSet() []row { return nil } // no -o name or custom-columns

@@ -67,7 +67,7 @@ func TestUsageErrorNamesTheVerb(t *testing.T) {
 func TestResumeIsHandback(t *testing.T) {
 	isolate(t)
 	o, r := parse(t, NewCmdHandback, "resume", "demo", "-o", "json")
-	if o == nil || o.conn.Cluster != "demo" || o.Output != "json" {
+	if o == nil || o.conn.Cluster != "demo" || o.output.Output != "json" {
 		t.Fatalf("resume demo -o json: %+v, %v", o, r.err)
 	}
 	help := run(t, "handback", "--help").out

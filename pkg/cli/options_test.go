@@ -343,7 +343,7 @@ func TestVersionAndCompletionOptions(t *testing.T) {
 	version := func(root *RootOptions, runF func(*VersionOptions) error) *cobra.Command {
 		return NewCmdVersion(root.Streams, runF)
 	}
-	if o, r := parse(t, version, "version", "-o", "json"); o == nil || o.Output != "json" {
+	if o, r := parse(t, version, "version", "-o", "json"); o == nil || o.output.Output != "json" {
 		t.Errorf("version -o json: %+v, %v", o, r.err)
 	}
 	completion := func(root *RootOptions, runF func(*CompletionOptions) error) *cobra.Command {

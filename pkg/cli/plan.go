@@ -33,15 +33,20 @@ func (o *requestOptions) printPlans(ctx context.Context) (pending bool, err erro
 	}
 	first := true
 	err = o.conn.inTurn(ctx, o.Streams.ErrOut, clusters, skipped, func(one connection) error {
-		if o.Output != "json" {
+		opts := *o
+		opts.conn, opts.sel, opts.jsonLines = one, selection{}, true
+		switch o.printer.format {
+		case "text", "wide":
+			// The tables carry no cluster: a heading names it.
 			if !first {
 				fmt.Fprintln(o.Streams.Out)
 			}
 			fmt.Fprintf(o.Streams.Out, "CLUSTER %s/%s\n", one.Namespace, one.Cluster)
+		case "custom-columns":
+			// One table of every cluster's steps: its header once.
+			opts.printer.NoHeaders = o.printer.NoHeaders || !first
 		}
 		first = false
-		opts := *o
-		opts.conn, opts.sel, opts.jsonLines = one, selection{}, true
 		p, err := opts.printPlan(ctx)
 		pending = pending || p
 		return err
@@ -98,7 +103,7 @@ func (o *requestOptions) showPlan(prepared *rollout.Prepared, hops [][]rollout.S
 	case planErr != nil:
 		return false, planErr
 	}
-	if err := printPlan(o.Streams.Out, o.Output, o.jsonLines, o.request, prepared, hops, report); err != nil {
+	if err := printPlan(o.Streams.Out, o.printer, o.jsonLines, o.request, prepared, hops, report); err != nil {
 		return false, err
 	}
 	if refusal != nil {
@@ -188,7 +193,8 @@ start and take steps, 0 that it would find nothing to do.`,
 		},
 	}
 	f := cmd.Flags()
-	o.req.addFlags(cmd)
+	// plan prints one object, not a run's events: its -o is its own.
+	o.req.addFlagsWith(cmd, planOutputs, planOutputHelp)
 	o.req.sel.addFlags(f)
 	// No wait limits, --dry-run or --on-failure: a plan changes nothing and
 	// waits for nothing.
@@ -305,10 +311,43 @@ type plannedStep struct {
 	progress.Hop
 }
 
+// planObject is what plan -o json prints: one object per cluster.
+type planObject struct {
+	Cluster   string              `json:"cluster"`
+	Namespace string              `json:"namespace"`
+	Operation string              `json:"operation"`
+	Target    string              `json:"target"`
+	Steps     []plannedStep       `json:"steps"`
+	Checks    []readiness.Finding `json:"checks,omitempty"`
+}
+
+// stepRow is a step with its cluster: a line of -o custom-columns, which
+// over -l/-A runs on from one cluster's steps to the next.
+type stepRow struct {
+	Cluster   string `json:"cluster"`
+	Namespace string `json:"namespace"`
+	plannedStep
+}
+
+// planView is a plan as the printers see it: the object, its steps the
+// rows.
+type planView struct{ plan planObject }
+
+func (v planView) docs() []doc { return []doc{{v.plan.Namespace + "/" + v.plan.Cluster, v.plan}} }
+
+func (v planView) rowSet() []row {
+	rows := make([]row, len(v.plan.Steps))
+	for i, s := range v.plan.Steps {
+		rows[i] = row{"step", s.Action, stepRow{v.plan.Cluster, v.plan.Namespace, s}}
+	}
+	return rows
+}
+
 // printPlan prints the steps of each hop; an upgrade through several
-// versions numbers its steps across hops and names each step's hop. With -o
-// json the plan is one object, on one line with jsonLines.
-func printPlan(out io.Writer, format string, jsonLines bool, req rollout.Request, p *rollout.Prepared, hops [][]rollout.Step, report *checkReport) error {
+// versions numbers its steps across hops and names each step's hop. Every
+// format but text and wide prints the one planObject; with jsonLines (one
+// cluster of several) -o json prints it on one line.
+func printPlan(out io.Writer, printer printFlags, jsonLines bool, req rollout.Request, p *rollout.Prepared, hops [][]rollout.Step, report *checkReport) error {
 	planned := []plannedStep{}
 	for h, steps := range hops {
 		var hop progress.Hop
@@ -327,33 +366,27 @@ func printPlan(out io.Writer, format string, jsonLines bool, req rollout.Request
 	if report != nil {
 		findings = report.Findings
 	}
-	if format == "json" {
-		cluster := p.Snapshot.CP.Cluster
-		return writeJSON(out, struct {
-			Cluster   string              `json:"cluster"`
-			Namespace string              `json:"namespace"`
-			Operation string              `json:"operation"`
-			Target    string              `json:"target"`
-			Steps     []plannedStep       `json:"steps"`
-			Checks    []readiness.Finding `json:"checks,omitempty"`
-		}{cluster.Name, cluster.Namespace, string(req.Operation), req.TargetString(), planned, findings}, jsonLines)
-	}
-	if len(planned) == 0 {
-		_, err := fmt.Fprintln(out, nothingToDoFor(req))
-		return err
-	}
-	if err := printStepTable(out, p, planned); err != nil {
-		return err
-	}
-	if report == nil {
-		return nil
-	}
-	fmt.Fprintf(out, "\nReadiness checks for %s:\n", report.Version)
-	return printFindings(out, checkView{report}, false, tableOptions{})
+	cluster := p.Snapshot.CP.Cluster
+	v := planView{planObject{cluster.Name, cluster.Namespace, string(req.Operation), req.TargetString(), planned, findings}}
+	return printer.print(out, v, jsonLines, func(opts tableOptions) error {
+		if len(planned) == 0 {
+			_, err := fmt.Fprintln(out, nothingToDoFor(req))
+			return err
+		}
+		if err := printStepTable(out, p, planned, opts); err != nil {
+			return err
+		}
+		if report == nil {
+			return nil
+		}
+		fmt.Fprintf(out, "\nReadiness checks for %s:\n", report.Version)
+		return printFindings(out, checkView{report}, false, tableOptions{Wide: opts.Wide})
+	})
 }
 
-// printStepTable is the plan's table, a row per step.
-func printStepTable(out io.Writer, p *rollout.Prepared, planned []plannedStep) error {
+// printStepTable is the plan's table, a row per step; -o wide adds each
+// step's failure domain.
+func printStepTable(out io.Writer, p *rollout.Prepared, planned []plannedStep, opts tableOptions) error {
 	// The HOP column is there only for an upgrade through several versions.
 	names := []string{"#", "ACTION", "MACHINE", "REASON"}
 	if len(p.Hops) > 1 {
@@ -365,10 +398,10 @@ func printStepTable(out io.Writer, p *rollout.Prepared, planned []plannedStep) e
 		if len(p.Hops) > 1 {
 			line = slices.Insert(line, 1, any(fmt.Sprintf("%d/%d %s", ps.Hop.Index, ps.Hop.Of, ps.Hop.Version)))
 		}
-		cells = append(cells, line)
+		cells = append(cells, append(line, dash(ps.FailureDomain)))
 	}
 	w := newTabWriter(out)
-	if err := printTable(w, tableColumns(names), cells, tableOptions{}); err != nil {
+	if err := printTable(w, tableColumns(names, "FAILURE DOMAIN"), cells, opts); err != nil {
 		return err
 	}
 	return w.Flush()

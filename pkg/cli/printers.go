@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/liggitt/tabwriter"
+	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/duration"
@@ -35,16 +36,54 @@ import (
 // and kustomize, which kubeconfigFlags keeps out of the binary for the same
 // reason; the printers package alone adds a tabwriter and a terminal helper.
 
-// statusOutputs are the values of status's -o; those ending in "=" take a
-// template after it.
-var statusOutputs = []string{"text", "wide", "json", "yaml", "name", "jsonpath=", "go-template=", "custom-columns="}
+// The -o values of each verb, one vocabulary: a value means the same on
+// every verb that takes it, and a verb takes every value it can print
+// through printFlags.print. Those ending in "=" take a template after it.
+var (
+	// statusOutputs are status's (and check's): tables with rows to name
+	// and to select columns of.
+	statusOutputs = []string{"text", "wide", "json", "yaml", "name", "jsonpath=", "go-template=", "custom-columns="}
+	// planOutputs are plan's: its rows are steps, which are not objects of
+	// the API, so it has no -o name.
+	planOutputs = []string{"text", "wide", "json", "yaml", "jsonpath=", "go-template=", "custom-columns="}
+	// objectOutputs are those of a verb that prints one object and no
+	// table (version, handback, wait).
+	objectOutputs = []string{"text", "json", "yaml", "jsonpath=", "go-template="}
+	// requestOutputs are the run verbs': their json is an event stream,
+	// JSON Lines, not one object, so no format that reads one applies.
+	requestOutputs = []string{"text", "json"}
+)
 
-// printFlags are status's -o, --no-headers and --sort-by, and what
-// complete makes of them.
+// outputValuesAnnotation records, on a verb's -o flag, the values that
+// verb takes: applyConfig reads it to tell a configured value that this
+// verb cannot print (ignored) from one that no verb prints (refused).
+const outputValuesAnnotation = "cp-rollout/output-values"
+
+// addOutputFlag is every verb's -o: bound to output, completed from values
+// and annotated with them.
+func addOutputFlag(cmd *cobra.Command, output *string, values []string, usage string) {
+	cmd.Flags().StringVarP(output, "output", "o", *output, usage)
+	_ = cmd.Flags().SetAnnotation("output", outputValuesAnnotation, values)
+	completeOutput(cmd, values)
+}
+
+// acceptsOutput says whether value is one of values; a templated value
+// (jsonpath={.x}) by what comes before its "=".
+func acceptsOutput(values []string, value string) bool {
+	if format, _, templated := strings.Cut(value, "="); templated {
+		return slices.Contains(values, format+"=")
+	}
+	return slices.Contains(values, value)
+}
+
+// printFlags are a verb's -o (and status's and check's --no-headers and
+// --sort-by), and what complete makes of them.
 type printFlags struct {
 	Output    string
 	NoHeaders bool
 	SortBy    string
+	// values are the verb's -o values (statusOutputs, planOutputs …).
+	values []string
 
 	format   string                   // Output before "=": text, wide, json, … custom-columns
 	template printers.ResourcePrinter // -o jsonpath= and go-template=
@@ -56,16 +95,12 @@ type printFlags struct {
 // bad one is refused (exit 2) before anything is read.
 func (p *printFlags) complete() error {
 	format, arg, templated := strings.Cut(p.Output, "=")
-	switch {
-	case templated && slices.Contains(statusOutputs, format+"="):
-		p.format = format
-		if arg == "" {
-			return exitcode.Usagef("-o %s= needs a template after the =", format)
-		}
-	case !templated && slices.Contains(statusOutputs, p.Output):
-		p.format = p.Output
-	default:
-		return oneOf("output", p.Output, statusOutputs...)
+	if !acceptsOutput(p.values, p.Output) {
+		return oneOf("output", p.Output, p.values...)
+	}
+	p.format = format
+	if templated && arg == "" {
+		return exitcode.Usagef("-o %s= needs a template after the =", format)
 	}
 	var err error
 	switch p.format {

@@ -4,9 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/fleet"
@@ -210,16 +216,26 @@ func TestBadPrintFlagsAreUsageErrors(t *testing.T) {
 	}
 }
 
+// printer is -o output as a verb with values completes it.
+func printer(t *testing.T, values []string, output string) printFlags {
+	t.Helper()
+	p := printFlags{Output: output, values: values}
+	if err := p.complete(); err != nil {
+		t.Fatalf("-o %s: %v", output, err)
+	}
+	return p
+}
+
 // plan -l/-A -o json prints each cluster's plan on one line (JSON Lines);
 // one cluster's plan stays one indented object.
 func TestPlanJSONLinesOverAFleet(t *testing.T) {
 	prepared, hops := upgradePlan()
 	req := rollout.Request{Operation: "upgrade", Version: "v1.36.3"}
 	var one, lines bytes.Buffer
-	if err := printPlan(&one, "json", false, req, prepared, hops, nil); err != nil {
+	if err := printPlan(&one, printer(t, planOutputs, "json"), false, req, prepared, hops, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := printPlan(&lines, "json", true, req, prepared, hops, nil); err != nil {
+	if err := printPlan(&lines, printer(t, planOutputs, "json"), true, req, prepared, hops, nil); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Count(lines.String(), "\n") != 1 || !strings.HasPrefix(lines.String(), `{"cluster":"eu1","namespace":"capi-prod","operation":"upgrade"`) {
@@ -230,13 +246,230 @@ func TestPlanJSONLinesOverAFleet(t *testing.T) {
 		t.Errorf("one cluster's plan: want the same object, indented:\n%s", one.String())
 	}
 	var table bytes.Buffer
-	if err := printPlan(&table, "text", false, req, prepared, hops, nil); err != nil {
+	if err := printPlan(&table, printer(t, planOutputs, "text"), false, req, prepared, hops, nil); err != nil {
 		t.Fatal(err)
 	}
 	want := "#  ACTION  MACHINE      REASON\n1  create  -            replacement for eu1-cp-x2k9 at v1.36.3\n2  delete  eu1-cp-x2k9  eu1-cp-x2k9 is at v1.35.2\n"
 	if table.String() != want {
 		t.Errorf("plan table:\n%s\nwant:\n%s", table.String(), want)
 	}
+}
+
+// plan prints one object in every format that reads one: -o yaml is the
+// object -o json prints, and jsonpath, go-template and custom-columns read
+// it (custom-columns a line per step); -o wide adds the failure domain.
+func TestPlanFormats(t *testing.T) {
+	prepared, hops := upgradePlan()
+	hops[0][0].FailureDomain = "fd-1"
+	req := rollout.Request{Operation: "upgrade", Version: "v1.36.3"}
+	out := func(output string, jsonLines bool) string {
+		t.Helper()
+		var b bytes.Buffer
+		if err := printPlan(&b, printer(t, planOutputs, output), jsonLines, req, prepared, hops, nil); err != nil {
+			t.Fatalf("-o %s: %v", output, err)
+		}
+		return b.String()
+	}
+	var fromJSON, fromYAML any
+	if err := json.Unmarshal([]byte(out("json", false)), &fromJSON); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal([]byte(out("yaml", false)), &fromYAML); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(fromJSON, fromYAML) {
+		t.Errorf("-o yaml is not the object -o json prints:\njson %v\nyaml %v", fromJSON, fromYAML)
+	}
+	// Over -l/-A each cluster's yaml is a one-item list: printed in turn,
+	// they make one list.
+	var list []any
+	if err := yaml.Unmarshal([]byte(out("yaml", true)+out("yaml", true)), &list); err != nil || len(list) != 2 || !reflect.DeepEqual(list[0], fromJSON) {
+		t.Errorf("-l/-A -o yaml: want a list of the objects, got %v (%v)", list, err)
+	}
+	for _, tc := range []struct{ output, want string }{
+		{"jsonpath={.operation} {.target} {.steps[*].action}", "upgrade v1.36.3 create delete"},
+		{`go-template={{range .steps}}{{.index}}:{{.action}} {{end}}`, "1:create 2:delete "},
+		{"custom-columns=CLUSTER:.cluster,ACTION:.action,MACHINE:.machine", "CLUSTER  ACTION  MACHINE\neu1      create  <none>\neu1      delete  eu1-cp-x2k9\n"},
+		{"wide", "#  ACTION  MACHINE      REASON                                  FAILURE DOMAIN\n1  create  -            replacement for eu1-cp-x2k9 at v1.36.3  fd-1\n2  delete  eu1-cp-x2k9  eu1-cp-x2k9 is at v1.35.2               -\n"},
+	} {
+		if got := out(tc.output, false); got != tc.want {
+			t.Errorf("-o %s:\n%q\nwant:\n%q", tc.output, got, tc.want)
+		}
+	}
+}
+
+// version and wait print one object in every format that reads one.
+func TestObjectVerbsFormats(t *testing.T) {
+	isolate(t)
+	var fromJSON, fromYAML any
+	if err := json.Unmarshal([]byte(run(t, "version", "-o", "json").out), &fromJSON); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal([]byte(run(t, "version", "-o", "yaml").out), &fromYAML); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(fromJSON, fromYAML) || fromJSON.(map[string]any)["provenKCP"] == nil {
+		t.Errorf("version -o yaml is not the object -o json prints:\njson %v\nyaml %v", fromJSON, fromYAML)
+	}
+	if r := run(t, "version", "-o", "jsonpath={.provenKCP}"); r.err != nil || r.out != fromJSON.(map[string]any)["provenKCP"] {
+		t.Errorf("version -o jsonpath={.provenKCP}: %q, %v", r.out, r.err)
+	}
+
+	v := waitedDone{Cluster: "eu1", Namespace: "prod", Done: true, Version: "v1.36.3", Waited: "3s"}
+	for _, tc := range []struct{ output, want string }{
+		{"text", ""},
+		{"json", `{"cluster":"eu1","namespace":"prod","done":true,"version":"v1.36.3","waited":"3s"}` + "\n"},
+		{"yaml", "cluster: eu1\ndone: true\nnamespace: prod\nversion: v1.36.3\nwaited: 3s\n"},
+		{"go-template={{.waited}}", "3s"},
+	} {
+		p := printer(t, waitOutputs, tc.output)
+		var b bytes.Buffer
+		if err := p.print(&b, v, p.format == "json", func(tableOptions) error { return nil }); err != nil || b.String() != tc.want {
+			t.Errorf("wait -o %s: %v\n%q\nwant %q", tc.output, err, b.String(), tc.want)
+		}
+	}
+}
+
+// reachesRun parses args as the verb args[0] and says whether its options
+// passed Validate; what Run would do is not done.
+func reachesRun(t *testing.T, args ...string) (bool, result) {
+	t.Helper()
+	var reached bool
+	var r result
+	switch args[0] {
+	case "upgrade":
+		o, res := parse(t, NewCmdUpgrade, args...)
+		reached, r = o != nil, res
+	case "scale":
+		o, res := parse(t, NewCmdScale, args...)
+		reached, r = o != nil, res
+	case "replace":
+		o, res := parse(t, NewCmdReplace, args...)
+		reached, r = o != nil, res
+	case "rollout":
+		o, res := parse(t, NewCmdRollout, args...)
+		reached, r = o != nil, res
+	case "restart":
+		o, res := parse(t, NewCmdRestart, args...)
+		reached, r = o != nil, res
+	case "plan":
+		o, res := parse(t, NewCmdPlan, args...)
+		reached, r = o != nil, res
+	case "status":
+		o, res := parse(t, NewCmdStatus, args...)
+		reached, r = o != nil, res
+	case "check":
+		o, res := parse(t, NewCmdCheck, args...)
+		reached, r = o != nil, res
+	case "wait":
+		o, res := parse(t, NewCmdWait, args...)
+		reached, r = o != nil, res
+	case "handback":
+		o, res := parse(t, NewCmdHandback, args...)
+		reached, r = o != nil, res
+	case "pause":
+		o, res := parse(t, NewCmdPause, args...)
+		reached, r = o != nil, res
+	case "rbac":
+		o, res := parse(t, NewCmdRBAC, args...)
+		reached, r = o != nil, res
+	case "version":
+		o, res := parse(t, func(root *RootOptions, runF func(*VersionOptions) error) *cobra.Command {
+			return NewCmdVersion(root.Streams, runF)
+		}, args...)
+		reached, r = o != nil, res
+	default:
+		t.Fatalf("no seam for %s", args[0])
+	}
+	return reached, r
+}
+
+// outputVerbs are every verb with what it needs to pass Validate, and the
+// -o values it takes (none: it has no -o).
+var outputVerbs = []struct {
+	args   []string
+	values []string
+}{
+	{[]string{"upgrade", "demo", "--version", "v1.36.3"}, []string{"text", "json"}},
+	{[]string{"scale", "demo", "--replicas", "3"}, []string{"text", "json"}},
+	{[]string{"replace", "demo", "demo-cp-a"}, []string{"text", "json"}},
+	{[]string{"rollout", "demo"}, []string{"text", "json"}},
+	{[]string{"restart", "demo"}, []string{"text", "json"}},
+	{[]string{"plan", "demo", "--version", "v1.36.3"}, []string{"text", "wide", "json", "yaml", "jsonpath=", "go-template=", "custom-columns="}},
+	{[]string{"status", "demo"}, []string{"text", "wide", "json", "yaml", "name", "jsonpath=", "go-template=", "custom-columns="}},
+	{[]string{"check", "demo", "--version", "v1.36.3"}, []string{"text", "wide", "json", "yaml", "name", "jsonpath=", "go-template=", "custom-columns="}},
+	{[]string{"wait", "demo", "--for", "done"}, []string{"text", "json", "yaml", "jsonpath=", "go-template="}},
+	{[]string{"handback", "demo"}, []string{"text", "json", "yaml", "jsonpath=", "go-template="}},
+	{[]string{"version"}, []string{"text", "json", "yaml", "jsonpath=", "go-template="}},
+	{[]string{"pause", "demo"}, nil},
+	{[]string{"rbac", "demo"}, nil},
+}
+
+// Every verb × every -o value: a verb takes the values its table lists and
+// refuses every other typed one, exit 2, naming its values (or -o, which it
+// does not have), before anything is read.
+func TestEveryVerbsOutputs(t *testing.T) {
+	every := map[string]string{"text": "text", "wide": "wide", "json": "json", "yaml": "yaml", "name": "name",
+		"jsonpath=": "jsonpath={.cluster}", "go-template=": "go-template={{.cluster}}", "custom-columns=": "custom-columns=A:.cluster"}
+	for _, verb := range outputVerbs {
+		for format, value := range every {
+			t.Run(verb.args[0]+" -o "+format, func(t *testing.T) {
+				isolate(t)
+				reached, r := reachesRun(t, append(slices.Clone(verb.args), "-o", value)...)
+				switch {
+				case slices.Contains(verb.values, format) && !reached:
+					t.Errorf("-o %s refused: %v", value, r.err)
+				case slices.Contains(verb.values, format):
+				case verb.values == nil:
+					refused(t, r, exitcode.Usage, "unknown shorthand flag: 'o'")
+				default:
+					refused(t, r, exitcode.Usage, "--output must be one of "+strings.Join(verb.values, ", "), strconv.Quote(value))
+				}
+			})
+		}
+	}
+}
+
+// output is one setting of the config file and the environment for every
+// verb: a value that a verb cannot print (status's wide) is left out for
+// that verb, which runs on in its default; typed, the same value is
+// refused. A value no verb prints is a mistake in the setting, named.
+func TestConfiguredOutputAVerbCannotPrint(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		file       string
+		env        map[string]string
+	}{
+		{name: "config file", want: "wide", file: "output: wide\n"},
+		{name: "environment", want: "custom-columns=A:.cluster", env: map[string]string{"CP_ROLLOUT_OUTPUT": "custom-columns=A:.cluster"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			isolateWith(t, tc.file, tc.env)
+			for _, args := range [][]string{{"upgrade", "demo", "--version", "v1.36.3"}, {"version"}} {
+				reached, r := reachesRun(t, args...)
+				if !reached {
+					t.Errorf("%v: refused a configured -o it cannot print: %v", args, r.err)
+				}
+			}
+			// version runs on, in text.
+			if r := run(t, "version"); r.err != nil || !strings.HasPrefix(r.out, "kubectl-cp_rollout ") {
+				t.Errorf("version: %v, %q", r.err, r.out)
+			}
+			// status still takes it.
+			if o, r := parse(t, NewCmdStatus, "status", "demo"); o == nil || o.output.Output != tc.want {
+				t.Errorf("status: the configured -o not applied: %+v, %v", o, r.err)
+			}
+		})
+	}
+	isolateWith(t, "output: wide\n", nil)
+	for _, args := range [][]string{{"upgrade", "demo", "--version", "v1.36.3", "-o", "wide"}, {"version", "-o", "wide"}} {
+		_, r := reachesRun(t, args...)
+		refused(t, r, exitcode.Usage, `not "wide"`)
+	}
+	isolateWith(t, "output: xml\n", nil)
+	refused(t, run(t, "version"), exitcode.Usage, "config file", `"xml"`, "no verb prints it")
+	isolateWith(t, "", map[string]string{"CP_ROLLOUT_OUTPUT": "xml"})
+	refused(t, run(t, "status", "demo"), exitcode.Usage, "environment variable CP_ROLLOUT_OUTPUT", `"xml"`)
 }
 
 // handback -o json prints what it did as {cluster, namespace, done}: one
@@ -252,13 +485,15 @@ func TestHandbackOutputs(t *testing.T) {
 		{"text", false, "released the lock held by alice@ops/pid-1\nKCP has nothing to do: every machine is up to date\n"},
 		{"text", true, "prod/eu1: released the lock held by alice@ops/pid-1\nprod/eu1: KCP has nothing to do: every machine is up to date\n"},
 		{"json", true, `{"cluster":"eu1","namespace":"prod","done":["released the lock held by alice@ops/pid-1","KCP has nothing to do: every machine is up to date"]}` + "\n"},
+		{"yaml", false, "cluster: eu1\ndone:\n- released the lock held by alice@ops/pid-1\n- 'KCP has nothing to do: every machine is up to date'\nnamespace: prod\n"},
+		{"jsonpath={.cluster} {.done[0]}", true, "eu1 released the lock held by alice@ops/pid-1"},
 		{"json", false, "{\n  \"cluster\": \"eu1\",\n  \"namespace\": \"prod\",\n  \"done\": [\n    \"released the lock held by alice@ops/pid-1\",\n    \"KCP has nothing to do: every machine is up to date\"\n  ]\n}\n"},
 	} {
 		var out bytes.Buffer
-		if err := printHandedBack(&out, tc.output, tc.inFleet, h); err != nil || out.String() != tc.want {
+		if err := printHandedBack(&out, printer(t, handbackOutputs, tc.output), tc.inFleet, h); err != nil || out.String() != tc.want {
 			t.Errorf("-o %s, fleet %v: %v\n%s\nwant:\n%s", tc.output, tc.inFleet, err, out.String(), tc.want)
 		}
 	}
 	isolate(t)
-	refused(t, run(t, "handback", "demo", "-o", "yaml"), exitcode.Usage, `--output must be one of text, json, not "yaml"`)
+	refused(t, run(t, "handback", "demo", "-o", "wide"), exitcode.Usage, `--output must be one of text, json, yaml, jsonpath=, go-template=, not "wide"`)
 }

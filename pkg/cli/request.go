@@ -2,10 +2,12 @@ package cli
 
 import (
 	"context"
+	"slices"
 
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
+	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 	"github.com/cp-rollout/cp-rollout/pkg/record"
 	"github.com/cp-rollout/cp-rollout/rollout"
 )
@@ -19,8 +21,13 @@ type requestOptions struct {
 	// request is what the verb asks of the control plane: the operation and
 	// its version, replicas or machine, and the surge.
 	request rollout.Request
+	// Output is -o: for a run, how its progress is shown (text, or json's
+	// events); for plan, and a run's --dry-run, how the plan is printed.
 	Output  string
 	Streams genericiooptions.IOStreams
+	// printer prints the plan as -o asks: validate completes it from
+	// Output and the verb's values.
+	printer printFlags
 	// jsonLines prints -o json's plan on one line: one cluster's of
 	// several (JSON Lines).
 	jsonLines bool
@@ -34,17 +41,29 @@ func newRequestOptions(streams genericiooptions.IOStreams, operation rollout.Ope
 		Streams: streams,
 		request: rollout.Request{Operation: operation, MaxSurge: -1},
 		Output:  "text",
+		printer: printFlags{values: requestOutputs},
 	}
 }
 
-// requestOutputs are the values of the request verbs' -o.
-var requestOutputs = []string{"text", "json"}
+// runOutputHelp is the run verbs' -o: text or an event stream, nothing that
+// reads one object.
+const runOutputHelp = "Output format of the run's progress: text (a spinner on a terminal, timestamped lines otherwise) or json (an event stream: one JSON object per line on stdout, JSON Lines, ending with a summary event; not one object, so yaml, jsonpath and the other formats of plan and status do not apply). With --dry-run, the plan as plan -o text or -o json prints it"
 
+// planOutputHelp is plan's -o: one object, not the run's event stream.
+const planOutputHelp = "Output format: text (a row per step, then the readiness checks), wide (also each step's failure domain and the checks' durations), json (one object, {cluster, namespace, operation, target, steps, checks}, not an event stream; with -l/-A one such object per cluster, compact on a line of its own), yaml (that object; with -l/-A the list of them), jsonpath=TEMPLATE or go-template=TEMPLATE (read that object, per cluster), or custom-columns=HEADER:FIELD,... (a line per step, from its fields and cluster, namespace)"
+
+// addFlags adds the run verbs' flags that plan shares, with the run's -o.
 func (o *requestOptions) addFlags(cmd *cobra.Command) {
+	o.addFlagsWith(cmd, requestOutputs, runOutputHelp)
+}
+
+// addFlagsWith adds those flags with the -o values and help of the verb:
+// plan prints objects, a run its events.
+func (o *requestOptions) addFlagsWith(cmd *cobra.Command, outputs []string, outputHelp string) {
 	f := cmd.Flags()
+	o.printer.values = outputs
 	f.Int32Var(&o.request.MaxSurge, "max-surge", o.request.MaxSurge, "Machines created above the replica count during a rollout: 1 (replacement first) or 0 (delete first, for clusters without spare capacity; needs at least 3 replicas); -1 uses the KubeadmControlPlane's rollout.strategy.rollingUpdate.maxSurge")
-	f.StringVarP(&o.Output, "output", "o", o.Output, "Progress format: text (spinner on a terminal, timestamped lines otherwise) or json (JSON Lines events on stdout)")
-	completeOutput(cmd, requestOutputs)
+	addOutputFlag(cmd, &o.Output, outputs, outputHelp)
 	o.conn.addEtcdEndpointFlag(f)
 	o.conn.addKCPVersionFlag(f)
 }
@@ -55,7 +74,13 @@ func (o *requestOptions) validate() error {
 	if err := o.request.Validate(); err != nil {
 		return err
 	}
-	if err := oneOf("output", o.Output, requestOutputs...); err != nil {
+	o.printer.Output = o.Output
+	if err := o.printer.complete(); err != nil {
+		if slices.Equal(o.printer.values, requestOutputs) && !acceptsOutput(requestOutputs, o.Output) {
+			// Someone who asks a run for yaml or a template wants an
+			// object: say where one is.
+			return exitcode.Usagef("%v: a run prints its progress, as text or as a stream of JSON events; plan prints the plan in the other formats", err)
+		}
 		return err
 	}
 	if err := o.skip.validate(); err != nil {

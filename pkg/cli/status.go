@@ -45,7 +45,7 @@ const defaultWatchInterval = 2 * time.Second
 
 // NewStatusOptions returns the status verb's defaults.
 func NewStatusOptions(streams genericiooptions.IOStreams) *StatusOptions {
-	return &StatusOptions{output: printFlags{Output: "text"}, Streams: streams, Interval: defaultWatchInterval}
+	return &StatusOptions{output: printFlags{Output: "text", values: statusOutputs}, Streams: streams, Interval: defaultWatchInterval}
 }
 
 // NewCmdStatus returns the status verb. runF, when set, replaces Run, so tests
@@ -88,8 +88,7 @@ object per line for each change (over -l/-A, each cluster's row that changed).`,
 			return runVerb(cmd, args, o, runF)
 		},
 	}
-	cmd.Flags().StringVarP(&o.output.Output, "output", "o", o.output.Output, "Output format: text, wide, json, yaml, name, jsonpath=TEMPLATE, go-template=TEMPLATE or custom-columns=HEADER:FIELD,... (jsonpath, go-template and custom-columns read the JSON of -o json; name and custom-columns print a line per machine, over -l/-A per cluster)")
-	completeOutput(cmd, statusOutputs)
+	addOutputFlag(cmd, &o.output.Output, o.output.values, "Output format: text (the status), wide (with more columns), json (one object; over -l/-A one compact row object per cluster, a line each), yaml (that object; over -l/-A the list of rows), name (machine.cluster.x-k8s.io/NAME per machine; over -l/-A cluster.cluster.x-k8s.io/NAME per cluster), jsonpath=TEMPLATE or go-template=TEMPLATE (read the object -o json prints; over -l/-A each row in turn), or custom-columns=HEADER:FIELD,... (a line per machine, over -l/-A per cluster)")
 	cmd.Flags().BoolVar(&o.output.NoHeaders, "no-headers", false, "With the text, wide and custom-columns formats: print no column headers")
 	cmd.Flags().StringVar(&o.output.SortBy, "sort-by", "", "Order the machines (over -l/-A, the clusters) by this field of their JSON, e.g. .created or '{.failureDomain}'")
 	o.conn.addEtcdEndpointFlag(cmd.Flags())

@@ -13,17 +13,17 @@ import (
 
 // VersionOptions prints the build's identity.
 type VersionOptions struct {
-	Output  string
+	output  printFlags
 	Streams genericiooptions.IOStreams
 }
 
 // NewVersionOptions returns the version verb's defaults.
 func NewVersionOptions(streams genericiooptions.IOStreams) *VersionOptions {
-	return &VersionOptions{Output: "text", Streams: streams}
+	return &VersionOptions{output: printFlags{Output: "text", values: versionOutputs}, Streams: streams}
 }
 
-// versionOutputs are the values of version's -o.
-var versionOutputs = []string{"text", "json"}
+// versionOutputs are the values of version's -o: it prints one object.
+var versionOutputs = objectOutputs
 
 // NewCmdVersion returns the version verb. runF, when set, replaces Run, so
 // tests can see what the flags resolve to.
@@ -37,8 +37,7 @@ func NewCmdVersion(streams genericiooptions.IOStreams, runF func(*VersionOptions
 			return runVerb(cmd, args, o, runF)
 		},
 	}
-	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text or json")
-	completeOutput(cmd, versionOutputs)
+	addOutputFlag(cmd, &o.output.Output, versionOutputs, "Output format: text (two lines: the build, then the KCP controller versions it is proven with), json (one object, {version, commit, buildDate, goVersion, platform, provenKCP}), yaml (that object), or jsonpath=TEMPLATE or go-template=TEMPLATE (read that object)")
 	return cmd
 }
 
@@ -47,7 +46,7 @@ func (o *VersionOptions) Complete(*cobra.Command, []string) error { return nil }
 
 // Validate checks the flags; it reads nothing but the options.
 func (o *VersionOptions) Validate() error {
-	return oneOf("output", o.Output, versionOutputs...)
+	return o.output.complete()
 }
 
 // versionInfo is the build's identity and the KCP controllers it is proven
@@ -63,12 +62,14 @@ type versionInfo struct {
 // Run prints the version to stdout.
 func (o *VersionOptions) Run(context.Context) error {
 	info := versionInfo{Info: version.Get(), ProvenKCP: rollout.ProvenKCPRange()}
-	if o.Output == "json" {
-		return writeJSON(o.Streams.Out, info, false)
-	}
-	// The proven range has a line of its own: scripts match the first
-	// line's "kubectl-cp_rollout VERSION " (hack/release-check.sh).
-	_, err := fmt.Fprintf(o.Streams.Out, "kubectl-cp_rollout %s (commit %s, built %s, %s %s)\nproven with Cluster API (KubeadmControlPlane controller) %s\n",
-		info.Version, info.Commit, info.BuildDate, info.GoVersion, info.Platform, info.ProvenKCP)
-	return err
+	return o.output.print(o.Streams.Out, info, false, func(tableOptions) error {
+		// The proven range has a line of its own: scripts match the first
+		// line's "kubectl-cp_rollout VERSION " (hack/release-check.sh).
+		_, err := fmt.Fprintf(o.Streams.Out, "kubectl-cp_rollout %s (commit %s, built %s, %s %s)\nproven with Cluster API (KubeadmControlPlane controller) %s\n",
+			info.Version, info.Commit, info.BuildDate, info.GoVersion, info.Platform, info.ProvenKCP)
+		return err
+	})
 }
+
+func (v versionInfo) docs() []doc   { return []doc{{"version", v}} }
+func (v versionInfo) rowSet() []row { return nil } // no -o name or custom-columns

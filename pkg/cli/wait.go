@@ -40,9 +40,9 @@ type WaitOptions struct {
 	For string
 	// Timeout bounds the wait; 0 waits without limit.
 	Timeout time.Duration
-	// Output is text (progress on stderr alone) or json (also one object on
-	// stdout once done).
-	Output  string
+	// output is -o: text (progress on stderr alone), or also, once done,
+	// one object on stdout in the format of an object it names.
+	output  printFlags
 	Streams genericiooptions.IOStreams
 
 	// interval is how often the control plane is read afresh, and now the
@@ -57,7 +57,8 @@ const waitForDone = "done"
 
 var (
 	waitConditions = []string{waitForDone}
-	waitOutputs    = []string{"text", "json"}
+	// waitOutputs: wait prints one object, once done.
+	waitOutputs = objectOutputs
 )
 
 // waitInterval is how often wait reads the control plane afresh: the pace
@@ -73,7 +74,7 @@ var waitUse = engineUse{timeouts: rollout.DefaultTimeouts, access: &rbac.View}
 
 // NewWaitOptions returns the wait verb's defaults.
 func NewWaitOptions(streams genericiooptions.IOStreams) *WaitOptions {
-	return &WaitOptions{Output: "text", Streams: streams, interval: waitInterval, now: time.Now}
+	return &WaitOptions{output: printFlags{Output: "text", values: waitOutputs}, Streams: streams, interval: waitInterval, now: time.Now}
 }
 
 // NewCmdWait returns the wait verb. runF, when set, replaces Run, so tests
@@ -119,8 +120,7 @@ cluster alone.`,
 	cmd.Flags().StringVar(&o.For, "for", "", "The condition to wait for (required): done, no run of this tool holds the cluster and KCP has settled")
 	_ = cmd.RegisterFlagCompletionFunc("for", cobra.FixedCompletions(waitConditions, cobra.ShellCompDirectiveNoFileComp))
 	cmd.Flags().DurationVar(&o.Timeout, "timeout", o.Timeout, "Give up after this long, exit 4 (0: wait without limit)")
-	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "Output format: text (progress on stderr alone) or json (also, once done, one object on stdout: {cluster, namespace, done, version, waited})")
-	completeOutput(cmd, waitOutputs)
+	addOutputFlag(cmd, &o.output.Output, waitOutputs, "Output format: text (progress on stderr alone, nothing on stdout); otherwise also, once done, one object on stdout, {cluster, namespace, done, version, waited}: json (on one line), yaml, or jsonpath=TEMPLATE or go-template=TEMPLATE (read that object)")
 	return cmd
 }
 
@@ -144,7 +144,7 @@ func (o *WaitOptions) Validate() error {
 	if o.Timeout < 0 {
 		return exitcode.Usagef("--timeout must not be negative, not %s (0 waits without limit)", o.Timeout)
 	}
-	return oneOf("output", o.Output, waitOutputs...)
+	return o.output.complete()
 }
 
 func (o *WaitOptions) where() (cluster, namespace string) { return o.conn.Cluster, o.conn.Namespace }
@@ -294,12 +294,14 @@ func (o *WaitOptions) ended(ctx, runCtx context.Context, err error, awaited stri
 func (o *WaitOptions) done(cp *kcpstate.ControlPlane, began time.Time) error {
 	waited := o.now().Sub(began).Round(100 * time.Millisecond)
 	o.progress(fmt.Sprintf("done: no run of this tool holds it, and KCP reports every machine at %s, up to date and ready (waited %s)", cp.KCP.Spec.Version, waited))
-	if o.Output != "json" {
-		return nil
-	}
-	return writeJSON(o.Streams.Out, waitedDone{Cluster: o.conn.Cluster, Namespace: o.conn.Namespace, Done: true,
-		Version: cp.KCP.Spec.Version, Waited: waited.String()}, true)
+	v := waitedDone{Cluster: o.conn.Cluster, Namespace: o.conn.Namespace, Done: true, Version: cp.KCP.Spec.Version, Waited: waited.String()}
+	// -o json stays one line, as it always has been (scripts read it as
+	// one); yaml is the one object, not a list.
+	return o.output.print(o.Streams.Out, v, o.output.format == "json", func(tableOptions) error { return nil })
 }
+
+func (v waitedDone) docs() []doc   { return []doc{{v.Namespace + "/" + v.Cluster, v}} }
+func (v waitedDone) rowSet() []row { return nil } // no -o name or custom-columns
 
 // progress writes one timestamped line about the cluster on stderr.
 func (o *WaitOptions) progress(line string) {

@@ -39,7 +39,7 @@ func TestWaitBadInput(t *testing.T) {
 		{[]string{"wait", "demo", "--for", "condition=Ready"}, `--for must be one of done`},
 		{[]string{"wait", "demo", "--for", "done", "--timeout", "-1s"}, "--timeout must not be negative, not -1s (0 waits without limit)"},
 		{[]string{"wait", "demo", "--for", "done", "--timeout", "soon"}, "--timeout soon: not a duration"},
-		{[]string{"wait", "demo", "--for", "done", "-o", "yaml"}, `--output must be one of text, json, not "yaml"`},
+		{[]string{"wait", "demo", "--for", "done", "-o", "wide"}, `--output must be one of text, json, yaml, jsonpath=, go-template=, not "wide"`},
 		{[]string{"wait", "--for", "done"}, "wait needs one argument, the Cluster's name; got 0"},
 		{[]string{"wait", "a", "b", "--for", "done"}, "wait needs one argument, the Cluster's name; got 2"},
 		{[]string{"wait", "", "--for", "done"}, "wait needs a CLUSTER name"},
@@ -72,8 +72,8 @@ func TestWaitOptions(t *testing.T) {
 		if o == nil {
 			t.Fatalf("%v: did not reach Run: %v", tc.args, r.err)
 		}
-		if o.conn.Cluster != "demo" || o.For != "done" || o.Timeout != tc.timeout || o.Output != tc.output || o.conn.Management != r.opts.ConfigFlags || o.interval != 2*time.Second {
-			t.Errorf("%v: cluster %q, for %q, timeout %s, output %q, interval %s", tc.args, o.conn.Cluster, o.For, o.Timeout, o.Output, o.interval)
+		if o.conn.Cluster != "demo" || o.For != "done" || o.Timeout != tc.timeout || o.output.Output != tc.output || o.conn.Management != r.opts.ConfigFlags || o.interval != 2*time.Second {
+			t.Errorf("%v: cluster %q, for %q, timeout %s, output %q, interval %s", tc.args, o.conn.Cluster, o.For, o.Timeout, o.output.Output, o.interval)
 		}
 	}
 }
@@ -293,7 +293,10 @@ func lease(holder, resourceVersion string) *coordinationv1.Lease {
 func waitFor(output string) (*WaitOptions, *bytes.Buffer, *bytes.Buffer) {
 	var out, errOut bytes.Buffer
 	o := NewWaitOptions(genericiooptions.IOStreams{Out: &out, ErrOut: &errOut})
-	o.conn.Cluster, o.conn.Namespace, o.For, o.Output, o.interval = "demo", "default", waitForDone, output, time.Millisecond
+	o.conn.Cluster, o.conn.Namespace, o.For, o.output.Output, o.interval = "demo", "default", waitForDone, output, time.Millisecond
+	if err := o.output.complete(); err != nil { // as Validate does
+		panic(err)
+	}
 	clock := started
 	o.now = func() time.Time { clock = clock.Add(time.Second); return clock }
 	return o, &out, &errOut

@@ -25,7 +25,7 @@ const (
 	Locked      = 5   // another run holds the cluster's lock
 	Forbidden   = 6   // the identity lacks permissions the operation needs; nothing was changed
 	Unreachable = 7   // the management cluster could not be reached or would not authenticate us; nothing was changed
-	Interrupted = 130 // stopped by SIGINT (128 + 2, as shells report it)
+	Interrupted = 130 // stopped by SIGINT (128 + 2, as shells report it), or by a no to --interactive's question
 	Terminated  = 143 // stopped by SIGTERM (128 + 15)
 )
 
