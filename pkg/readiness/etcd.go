@@ -117,7 +117,12 @@ func judgeEtcd(s *rollout.Snapshot, target string) Finding {
 		if owner := machineOf[m.Name]; owner != "" {
 			do += fmt.Sprintf(", or replace its machine: `kubectl cp-rollout replace %s`", clusterArgsWithMachine(cluster, owner))
 		}
-		problems = append(problems, etcdProblem{Block, found, do})
+		// A warning: an unhealthy member is a broken machine, which the
+		// run's own guards refuse before anything changes — naming the
+		// replace command — or replace first with --replace-unhealthy. A
+		// block here would stop that replacement too.
+		do += "; `upgrade --replace-unhealthy` replaces it as the run's first step"
+		problems = append(problems, etcdProblem{Warn, found, do})
 	}
 
 	size, sizeProblem := etcdSize(s)

@@ -135,12 +135,12 @@ func TestJudgeEtcd(t *testing.T) {
 			})...),
 			result: Warn, found: []string{"member (not started) [55] has no control-plane machine (a learner that never started"},
 			notInFound: []string{"is a learner, not yet promoted"}},
-		{name: "an unhealthy member blocks, naming its machine",
+		{name: "an unhealthy member warns, naming its machine: the run's guards refuse it or replace it first",
 			s: cpSnapshot(three, members(func(ms []etcd.Member) []etcd.Member {
 				ms[0].Healthy, ms[0].Errors = false, []string{"context deadline exceeded"}
 				return ms
 			})...),
-			result: Block, found: []string{"member n1 [11] is unhealthy: context deadline exceeded"},
+			result: Warn, found: []string{"member n1 [11] is unhealthy: context deadline exceeded"},
 			do: []string{"`kubectl cp-rollout replace demo m1 -n default`"}},
 		{name: "an alarm is named once, not as each neighbour's error",
 			s: cpSnapshot(three, members(func(ms []etcd.Member) []etcd.Member {
