@@ -24,7 +24,9 @@ type changeOptions struct {
 	// once, and the confirmation that -A without -l needs.
 	limits  fleetLimits
 	consent confirmation
-	DryRun  bool
+	// staged is a fleet run's stages, windows and record.
+	staged stagedFlags
+	DryRun bool
 	// OnFailure is what a failed run (exit 3 or 4) does with its pause:
 	// stay (a re-run resumes) or handback (to KCP, when no machine is in
 	// flight).
@@ -62,6 +64,7 @@ func (o *changeOptions) addFlags(cmd *cobra.Command) {
 func (o *changeOptions) addFleetFlags(f *pflag.FlagSet) {
 	o.req.sel.addFlags(f)
 	o.limits.addFlags(f)
+	o.req.staged.addFlags(f)
 	o.consent.addYesFlag(f)
 }
 
@@ -108,6 +111,7 @@ const (
 func (o *changeOptions) complete(cmd *cobra.Command, args []string) {
 	o.req.conn.completeCluster(args)
 	o.limits.complete(cmd)
+	o.req.staged.complete(cmd.Flags())
 	o.wait.complete()
 }
 
@@ -120,6 +124,9 @@ func (o *changeOptions) validate() error {
 		return err
 	}
 	if err := o.limits.validate(o.req.sel.fleet()); err != nil {
+		return err
+	}
+	if err := o.req.staged.validate(o.req.sel.fleet()); err != nil {
 		return err
 	}
 	if err := o.req.validate(); err != nil {

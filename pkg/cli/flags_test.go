@@ -21,7 +21,10 @@ import (
 // (The flags every verb inherits, the connection's, --config and -v, are
 // listed by the options verb instead: TestHelpListsTheVerbsOwnFlags.)
 func TestEachVerbHasOnlyItsFlags(t *testing.T) {
-	fleetRun := []string{"parallel", "max-failures", "yes"} // a change over -l/-A
+	// A change over -l/-A: its pace, its record, and when each cluster goes
+	// (which plan shows too).
+	recorded := []string{"parallel", "max-failures", "yes", "run", "resume", "run-namespace"}
+	fleetRun := append([]string{"stages", "stage-soak", "machine-time"}, recorded...)
 	// What only a run that changes a control plane takes: a question
 	// between its machines, and the readiness checks an upgrade (and
 	// plan --version) accepts knowingly.
@@ -41,10 +44,12 @@ func TestEachVerbHasOnlyItsFlags(t *testing.T) {
 		"replace": {forbidden: fleetRun},
 		"pause":   {forbidden: all(fleetRun, waits, runOnly, []string{"dry-run", "on-failure", "skip-check"})},
 		// A plan changes nothing and waits for nothing.
-		"plan":       {selects: true, forbidden: all(fleetRun, waits, runOnly, []string{"dry-run", "on-failure"})},
-		"status":     {selects: true, forbidden: all(fleetRun, waits, runOnly, []string{"dry-run", "on-failure", "skip-check"})},
-		"check":      {selects: true, forbidden: all(fleetRun, waits, runOnly, []string{"dry-run", "on-failure"})},
-		"handback":   {selects: true, forbidden: all([]string{"parallel", "max-failures"}, waits, runOnly, []string{"dry-run", "on-failure", "skip-check"})},
+		"plan":     {selects: true, forbidden: all(recorded, waits, runOnly, []string{"dry-run", "on-failure"})},
+		"status":   {selects: true, forbidden: all(fleetRun, waits, runOnly, []string{"dry-run", "on-failure", "skip-check"})},
+		"check":    {selects: true, forbidden: all(fleetRun, waits, runOnly, []string{"dry-run", "on-failure"})},
+		"handback": {selects: true, forbidden: all(slices.DeleteFunc(slices.Clone(fleetRun), func(f string) bool { return f == "yes" }), waits, runOnly, []string{"dry-run", "on-failure", "skip-check"})},
+		// Recorded fleet runs, read or marked; not a run itself.
+		"fleet":      {forbidden: all(fleetRun, waits, runOnly)},
 		"rbac":       {forbidden: all(fleetRun, waits, runOnly)},
 		"version":    {forbidden: all(fleetRun, waits, runOnly)},
 		"completion": {forbidden: all(fleetRun, waits, runOnly)},

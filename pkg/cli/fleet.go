@@ -224,119 +224,12 @@ func (m *machineCounter) machines() string {
 // of the documented "fleet" event.
 type fleetRow struct {
 	fleet.Cluster
-	Result     string `json:"result"` // done, failed, stopped, not started, skipped
+	Stage      int    `json:"stage,omitempty"`
+	Result     string `json:"result"` // done, failed, stopped, not started, outside window, skipped
 	ExitCode   *int   `json:"exitCode,omitempty"`
 	Machines   string `json:"machines,omitempty"`
 	DurationMs int64  `json:"durationMs"`
 	Message    string `json:"message,omitempty"`
-}
-
-// runFleet runs the change on every selected cluster, --parallel at a time,
-// and closes with a table (or with -o json a "fleet" event) of how each
-// ended. Its error carries the worst exit code of the clusters
-// (exitcode.Worst).
-func (o *changeOptions) runFleet(ctx context.Context) error {
-	streams := o.req.Streams
-	clusters, skipped, err := o.req.conn.selectClusters(ctx, o.req.sel)
-	if err != nil {
-		return err
-	}
-	if o.req.sel.everyCluster() {
-		what := o.req.request.String()
-		if err := o.consent.confirm(ctx, streams, what, clusters); err != nil {
-			return err
-		}
-	}
-	board := progress.NewFleet(o.req.Output, streams.Out, streams.ErrOut)
-	counters := map[fleet.Cluster]*machineCounter{}
-	for _, c := range clusters {
-		counters[c] = &machineCounter{}
-	}
-	results := fleet.Run(ctx, clusters, o.limits.Limits, func(ctx context.Context, c fleet.Cluster) error {
-		one := *o
-		one.req.conn, one.req.sel, one.inFleet = o.req.conn.forCluster(c), selection{}, true
-		counter := counters[c]
-		counter.Reporter = board.For(c.Namespace, c.Name)
-		began := time.Now()
-		err := one.runOne(ctx, counter)
-		changed := counter.machines()
-		if changed == "none" {
-			changed = "no machine changed"
-		}
-		outcome := fmt.Sprintf("done: %s in %s", changed, time.Since(began).Round(100*time.Millisecond))
-		if err != nil {
-			outcome = fmt.Sprintf("failed (exit %d): %v", exitcode.Of(err), err)
-		}
-		board.Finished(c.Namespace, c.Name, err == nil, outcome)
-		return err
-	})
-	board.Stop()
-
-	stopped, stop := ctx.Err() != nil, exitcode.OK
-	if stopped {
-		stop = exitcode.StopOf(ctx)
-	}
-	rows, failed, notStarted, codes := fleetRows(results, skipped, counters, stop)
-	var summary error
-	if failed > 0 || notStarted > 0 {
-		what := "failed"
-		if stopped {
-			what = "failed or were stopped"
-		}
-		summary = fmt.Errorf("%d of %d clusters %s (%s)", failed, len(clusters), what, strings.Join(failedNames(rows), ", "))
-		if notStarted > 0 {
-			why := fmt.Sprintf("--max-failures %d", o.limits.MaxFailures)
-			if stopped {
-				why = "stopped"
-			}
-			summary = fmt.Errorf("%w; %d not started (%s)", summary, notStarted, why)
-		}
-		code := exitcode.Worst(codes...)
-		if code == exitcode.OK { // none failed: the run was stopped before some started
-			code = stop
-		}
-		summary = exitcode.New(code, summary)
-	}
-	if err := printFleet(streams.Out, o.req.Output, rows, exitcode.Of(summary)); err != nil {
-		return err
-	}
-	if ctx.Err() != nil {
-		fmt.Fprintf(streams.ErrOut, "stopped; each KubeadmControlPlane a run had paused stays paused with its operation record. Re-run the same command to continue.\n")
-	}
-	return summary
-}
-
-// fleetRows is the closing table: the clusters in the order they were
-// selected, then those skipped. It counts the failed and the never started,
-// and gathers the failed ones' exit codes. When the run was stopped (stop
-// is then its code, 130 or 143; OK when it was not), a cluster that ended
-// with an error was stopped, with the stop's code, unless its error has a
-// code of its own.
-func fleetRows(results []fleet.Result, skipped []fleet.Skipped, counters map[fleet.Cluster]*machineCounter, stop int) (rows []fleetRow, failed, notStarted int, codes []int) {
-	for _, r := range results {
-		row := fleetRow{Cluster: r.Cluster, Result: "done", DurationMs: r.Duration.Milliseconds()}
-		switch {
-		case !r.Started:
-			row.Result = "not started"
-			notStarted++
-			rows = append(rows, row)
-			continue
-		case r.Err != nil:
-			row.Result, row.Message = "failed", r.Err.Error()
-			failed++
-		}
-		code := exitcode.Of(r.Err)
-		if stop != exitcode.OK && r.Err != nil && (code == exitcode.Failure || exitcode.IsStop(code)) {
-			row.Result, code = "stopped", stop
-		}
-		codes = append(codes, code)
-		row.ExitCode, row.Machines = &code, counters[r.Cluster].machines()
-		rows = append(rows, row)
-	}
-	for _, s := range skipped {
-		rows = append(rows, fleetRow{Cluster: s.Cluster, Result: "skipped", Message: s.Reason})
-	}
-	return rows, failed, notStarted, codes
 }
 
 func failedNames(rows []fleetRow) []string {
@@ -351,7 +244,7 @@ func failedNames(rows []fleetRow) []string {
 
 // printFleet prints the closing table, or with -o json the "fleet" event:
 // an event like the others (action "fleet") with every cluster's row.
-func printFleet(out io.Writer, output string, rows []fleetRow, code int) error {
+func printFleet(out io.Writer, output, run string, rows []fleetRow, code int) error {
 	if output == "json" {
 		phase := progress.Done
 		if code != exitcode.OK {
@@ -361,9 +254,10 @@ func printFleet(out io.Writer, output string, rows []fleetRow, code int) error {
 			Time     time.Time      `json:"time"`
 			Action   string         `json:"action"`
 			Phase    progress.Phase `json:"phase"`
+			Run      string         `json:"run"`
 			ExitCode int            `json:"exitCode"`
 			Clusters []fleetRow     `json:"clusters"`
-		}{time.Now(), progress.FleetAction, phase, code, rows}, true)
+		}{time.Now(), progress.FleetAction, phase, run, code, rows}, true)
 	}
 	var cells [][]any
 	for _, r := range rows {
@@ -372,10 +266,14 @@ func printFleet(out io.Writer, output string, rows []fleetRow, code int) error {
 			exit = fmt.Sprint(*r.ExitCode)
 			duration = (time.Duration(r.DurationMs) * time.Millisecond).Round(100 * time.Millisecond).String()
 		}
-		cells = append(cells, []any{r.Cluster.String(), r.Result, exit, dash(r.Machines), duration, dash(firstLine(r.Message))})
+		stage := "-"
+		if r.Stage > 0 {
+			stage = fmt.Sprint(r.Stage)
+		}
+		cells = append(cells, []any{r.Cluster.String(), stage, r.Result, exit, dash(r.Machines), duration, dash(firstLine(r.Message))})
 	}
 	w := newTabWriter(out)
-	if err := printTable(w, tableColumns([]string{"CLUSTER", "RESULT", "EXIT", "MACHINES", "DURATION", "MESSAGE"}), cells, tableOptions{}); err != nil {
+	if err := printTable(w, tableColumns([]string{"CLUSTER", "STAGE", "RESULT", "EXIT", "MACHINES", "DURATION", "MESSAGE"}), cells, tableOptions{}); err != nil {
 		return err
 	}
 	return w.Flush()

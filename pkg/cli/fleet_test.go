@@ -1,10 +1,8 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
@@ -13,22 +11,24 @@ import (
 
 // A fleet stopped by SIGTERM reports its stopped clusters with 143, as the
 // process exits, and keeps the codes of clusters that failed for a reason of
-// their own.
+// their own; a cluster done by an earlier attempt says so.
 func TestFleetRowsOfAStoppedRun(t *testing.T) {
-	a, b, c, d := fleet.Cluster{Namespace: "n", Name: "a"}, fleet.Cluster{Namespace: "n", Name: "b"},
-		fleet.Cluster{Namespace: "n", Name: "c"}, fleet.Cluster{Namespace: "n", Name: "d"}
-	results := []fleet.Result{
-		{Cluster: a, Started: true, Err: fmt.Errorf("awaiting join: %w", exitcode.Stopped(syscall.SIGTERM))},
-		{Cluster: b, Started: true, Err: errors.New("context canceled")},
-		{Cluster: c, Started: true, Err: exitcode.Lockedf("locked by someone")},
-		{Cluster: d},
-	}
-	counters := map[fleet.Cluster]*machineCounter{a: {}, b: {}, c: {}, d: {}}
-	rows, failed, notStarted, codes := fleetRows(results, nil, counters, exitcode.Terminated)
+	a, b, c, d, e := fleet.Cluster{Namespace: "n", Name: "a"}, fleet.Cluster{Namespace: "n", Name: "b"},
+		fleet.Cluster{Namespace: "n", Name: "c"}, fleet.Cluster{Namespace: "n", Name: "d"}, fleet.Cluster{Namespace: "n", Name: "e"}
+	code := func(c int) *int { return &c }
+	run := fleet.RunRecord{Clusters: []fleet.ClusterRecord{
+		{Cluster: a, State: fleet.Stopped, ExitCode: code(exitcode.Terminated)},
+		{Cluster: b, State: fleet.Stopped, ExitCode: code(exitcode.Failure)},
+		{Cluster: c, State: fleet.Failed, ExitCode: code(exitcode.Locked)},
+		{Cluster: d, State: fleet.Pending},
+		{Cluster: e, State: fleet.Done, ExitCode: code(0)},
+	}}
+	ran := map[fleet.Cluster]bool{a: true, b: true, c: true}
+	rows, failed, notStarted, codes := recordRows(run, nil, ran, exitcode.Terminated)
 	want := []struct {
 		result string
 		code   int
-	}{{"stopped", 143}, {"stopped", 143}, {"failed", exitcode.Locked}, {"not started", -1}}
+	}{{"stopped", 143}, {"stopped", 143}, {"failed", exitcode.Locked}, {"not started", -1}, {"done", 0}}
 	for i, w := range want {
 		got := rows[i]
 		code := -1
@@ -38,6 +38,9 @@ func TestFleetRowsOfAStoppedRun(t *testing.T) {
 		if got.Result != w.result || code != w.code {
 			t.Errorf("%s: %s, exit %d; want %s, exit %d", got.Cluster, got.Result, code, w.result, w.code)
 		}
+	}
+	if !strings.HasPrefix(rows[4].Message, "done earlier") {
+		t.Errorf("a cluster done by an earlier attempt says %q, want done earlier", rows[4].Message)
 	}
 	if failed != 3 || notStarted != 1 || exitcode.Worst(codes...) != exitcode.Terminated {
 		t.Errorf("failed %d, not started %d, worst %d; want 3, 1, 143", failed, notStarted, exitcode.Worst(codes...))

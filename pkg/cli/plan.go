@@ -31,6 +31,9 @@ func (o *requestOptions) printPlans(ctx context.Context) (pending bool, err erro
 	if err != nil {
 		return false, err
 	}
+	if err := o.printSchedule(ctx); err != nil {
+		return false, err
+	}
 	first := true
 	err = o.conn.inTurn(ctx, o.Streams.ErrOut, clusters, skipped, func(one connection) error {
 		opts := *o
@@ -196,6 +199,7 @@ start and take steps, 0 that it would find nothing to do.`,
 	// plan prints one object, not a run's events: its -o is its own.
 	o.req.addFlagsWith(cmd, planOutputs, planOutputHelp)
 	o.req.sel.addFlags(f)
+	o.req.staged.addPlanFlags(f)
 	// No wait limits, --dry-run or --on-failure: a plan changes nothing and
 	// waits for nothing.
 	f.StringVar(&o.version, "version", "", "Plan an upgrade to this Kubernetes version")
@@ -216,6 +220,7 @@ start and take steps, 0 that it would find nothing to do.`,
 // Complete turns the one target flag given into the request.
 func (o *PlanOptions) Complete(cmd *cobra.Command, args []string) error {
 	o.req.conn.completeCluster(args)
+	o.req.staged.complete(cmd.Flags())
 	for _, name := range []string{"version", "replicas", "replace", "rollout", "restart"} {
 		if cmd.Flags().Changed(name) {
 			o.targets++
@@ -267,6 +272,9 @@ func (o *PlanOptions) Validate() error {
 		return err
 	}
 	if err := validateSelection("plan", o.req.conn.Cluster, o.req.sel); err != nil {
+		return err
+	}
+	if err := o.req.staged.validate(o.req.sel.fleet()); err != nil {
 		return err
 	}
 	// The request's own rules first: --via or --infrastructure-template

@@ -34,6 +34,9 @@ type requestOptions struct {
 	// skip is --skip-check, on the verbs that make the readiness checks
 	// (upgrade and plan).
 	skip skipChecks
+	// staged is a fleet run's stages, windows and record: plan shows when
+	// each cluster goes, a run goes so.
+	staged stagedFlags
 }
 
 func newRequestOptions(streams genericiooptions.IOStreams, operation rollout.Operation) requestOptions {
@@ -42,6 +45,7 @@ func newRequestOptions(streams genericiooptions.IOStreams, operation rollout.Ope
 		request: rollout.Request{Operation: operation, MaxSurge: -1},
 		Output:  "text",
 		printer: printFlags{values: requestOutputs},
+		staged:  newStagedFlags(),
 	}
 }
 

@@ -89,6 +89,12 @@ type selected struct {
 	// controlPlane names its KubeadmControlPlane; problem says why no
 	// operation of this tool applies to it, if none does.
 	controlPlane, problem string
+	// labels, window (its WindowAnnotation) and replicas (the control
+	// plane's desired machines, as the Cluster's status reports them; 0 when
+	// not reported) are what a staged run places it by.
+	labels   labels.Set
+	window   string
+	replicas int32
 }
 
 // listClusters lists the Clusters in scope, in namespace and name order,
@@ -100,7 +106,11 @@ func listClusters(ctx context.Context, l *Lister, scope Scope) ([]selected, erro
 	}
 	var all []selected
 	err := listEach(ctx, l, what, func(cl *clusterv1.Cluster) {
-		s := selected{Cluster: Cluster{Namespace: cl.Namespace, Name: cl.Name}, problem: notOurs(cl)}
+		s := selected{Cluster: Cluster{Namespace: cl.Namespace, Name: cl.Name}, problem: notOurs(cl),
+			labels: cl.Labels, window: cl.Annotations[WindowAnnotation]}
+		if cp := cl.Status.ControlPlane; cp != nil && cp.DesiredReplicas != nil {
+			s.replicas = *cp.DesiredReplicas
+		}
 		if s.problem == "" {
 			s.controlPlane = cl.Spec.ControlPlaneRef.Name
 		}

@@ -31,6 +31,12 @@ type Result struct {
 // returns one Result per cluster, in the clusters' order, once every started
 // one has finished.
 func Run(ctx context.Context, clusters []Cluster, limits Limits, do func(context.Context, Cluster) error) []Result {
+	return runGated(ctx, clusters, limits, nil, do)
+}
+
+// runGated is Run, asking mayStart (when not nil) before each cluster
+// starts: a false starts no more.
+func runGated(ctx context.Context, clusters []Cluster, limits Limits, mayStart func(context.Context) bool, do func(context.Context, Cluster) error) []Result {
 	results := make([]Result, len(clusters))
 	slots := make(chan struct{}, max(limits.Parallel, 1))
 	var (
@@ -52,7 +58,7 @@ func Run(ctx context.Context, clusters []Cluster, limits Limits, do func(context
 		case <-ctx.Done():
 		}
 		// A slot and the end of ctx may both be ready; the end wins.
-		if ctx.Err() != nil || budgetSpent() {
+		if ctx.Err() != nil || budgetSpent() || (mayStart != nil && !mayStart(ctx)) {
 			break
 		}
 		results[i].Started, results[i].Began = true, time.Now()

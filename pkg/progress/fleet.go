@@ -4,191 +4,165 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/briandowns/spinner"
 )
 
-// Fleet shows the runs of a command over many clusters, chosen once as New
-// chooses: JSON Lines events on out (each already names its cluster);
-// timestamped lines on errOut, each prefixed with namespace/cluster; or on a
-// terminal a board of one live line per cluster in flight, below the lines
-// of the clusters that have finished.
+// Fleet shows a run over many clusters, chosen once as New chooses: JSON
+// Lines events on out (each already names its cluster); timestamped lines on
+// errOut, each prefixed with namespace/cluster; or on a terminal a live
+// board of every cluster of the run, which also takes keys.
 type Fleet struct {
-	json  *jsonReporter
-	lines *sync.Mutex // shared by every cluster's lineReporter
-	w     io.Writer
-	board *board
+	json   *jsonReporter
+	lines  *sync.Mutex // shared by every cluster's lineReporter
+	w      io.Writer
+	board  *board
+	stages int
 }
 
-// NewFleet chooses how a fleet run is shown.
-func NewFleet(output string, out, errOut io.Writer) *Fleet {
+// FleetKeys are what the board's keys do; either may be nil (then the key
+// does nothing).
+type FleetKeys struct {
+	// StopStarting (key "s"): start no new cluster; those in flight finish
+	// (the run stays resumable).
+	StopStarting func()
+	// Quit (key "q" or ctrl+c): stop now, leaving the run resumable (the
+	// caller cancels its context).
+	Quit func()
+}
+
+// FleetRow is one cluster of the run, known before it starts.
+type FleetRow struct {
+	Namespace, Cluster string
+	Stage              int // 1-based
+	// Machines is the control plane's replicas: the "of total" until the
+	// run's own events say Total.
+	Machines int
+}
+
+// NewFleet chooses how a fleet run is shown. The board reads its keys from
+// in.
+func NewFleet(output string, out, errOut io.Writer, in io.Reader, keys FleetKeys) *Fleet {
 	switch {
 	case output == "json":
 		return &Fleet{json: &jsonReporter{enc: json.NewEncoder(out)}}
 	case IsTerminal(out) && IsTerminal(errOut):
-		return &Fleet{board: newBoard(errOut)}
+		return &Fleet{board: newBoard(errOut, in, keys)}
 	default:
 		return &Fleet{lines: &sync.Mutex{}, w: errOut}
 	}
 }
 
-// For returns the reporter of one cluster's run.
+// Plan names the run and its clusters, once, before any starts: on the
+// board every row starts out waiting.
+func (f *Fleet) Plan(run string, stages int, rows []FleetRow) {
+	f.stages = stages
+	switch {
+	case f.json != nil:
+		f.json.encode(struct {
+			Time     time.Time `json:"time"`
+			Action   string    `json:"action"`
+			Run      string    `json:"run"`
+			Stages   int       `json:"stages"`
+			Clusters int       `json:"clusters"`
+		}{time.Now(), "fleet-run", run, stages, len(rows)})
+	case f.board != nil:
+		f.board.send(planMsg{run: run, stages: stages, rows: rows})
+	default:
+		f.line("fleet run %s: %d clusters in %d stages", run, len(rows), stages)
+	}
+}
+
+// Stage reports where stage n (1-based) stands: "running", "soaking",
+// "done" or "failed", with a message such as when its soak ends.
+func (f *Fleet) Stage(n int, state, message string) {
+	switch {
+	case f.json != nil:
+		f.json.encode(struct {
+			Time    time.Time `json:"time"`
+			Action  string    `json:"action"`
+			Stage   int       `json:"stage"`
+			Of      int       `json:"of"`
+			Phase   string    `json:"phase"`
+			Message string    `json:"message"`
+		}{time.Now(), "stage", n, f.stages, state, message})
+	case f.board != nil:
+		f.board.send(stageMsg{n: n, state: state, message: message})
+	default:
+		if message != "" {
+			message = ": " + message
+		}
+		f.line("stage %d/%d %s%s", n, f.stages, state, message)
+	}
+}
+
+// For returns the reporter of one cluster's run; on the board the cluster
+// starts running now.
 func (f *Fleet) For(namespace, cluster string) Reporter {
 	name := namespace + "/" + cluster
 	switch {
 	case f.json != nil:
 		return f.json
 	case f.board != nil:
-		return f.board.add(name)
+		f.board.send(startMsg{name: name, at: time.Now()})
+		return &boardReporter{b: f.board, name: name}
 	default:
 		return &lineReporter{mu: f.lines, w: f.w, prefix: name + " "}
 	}
 }
 
-// Finished reports that a cluster's run ended, with a one-line outcome: on
-// the board its live line gives way to a ✓ or ✗ line; as lines, one more
-// line. JSON Lines say nothing more: the cluster's own events did.
+// Skipped reports a cluster the run leaves alone, and why ("outside window:
+// next opens Sat 02:00 Europe/Berlin").
+func (f *Fleet) Skipped(namespace, cluster, why string) {
+	switch {
+	case f.json != nil:
+		f.json.encode(struct {
+			Time      time.Time `json:"time"`
+			Action    string    `json:"action"`
+			Namespace string    `json:"namespace"`
+			Cluster   string    `json:"cluster"`
+			Message   string    `json:"message"`
+		}{time.Now(), "skipped", namespace, cluster, why})
+	case f.board != nil:
+		f.board.send(skippedMsg{name: namespace + "/" + cluster, why: why})
+	default:
+		f.line("%s/%s skipped: %s", namespace, cluster, why)
+	}
+}
+
+// Finished reports that a cluster's run ended, with a one-line outcome. JSON
+// Lines say nothing more: the cluster's own events did.
 func (f *Fleet) Finished(namespace, cluster string, ok bool, outcome string) {
-	name := namespace + "/" + cluster
 	switch {
 	case f.board != nil:
-		f.board.finish(name, ok, outcome)
+		f.board.send(finishedMsg{name: namespace + "/" + cluster, ok: ok, outcome: outcome})
 	case f.lines != nil:
-		f.lines.Lock()
-		defer f.lines.Unlock()
-		fmt.Fprintf(f.w, "%s %s %s\n", time.Now().UTC().Format(time.RFC3339), name, outcome)
+		f.line("%s/%s %s", namespace, cluster, outcome)
 	}
 }
 
-// Stop releases the terminal; the board's last live lines are cleared.
+// Stop releases the terminal once the board has drawn its last frame, which
+// stays in the scrollback above what the caller prints next.
 func (f *Fleet) Stop() {
 	if f.board != nil {
-		f.board.stop()
+		f.board.close()
 	}
 }
 
-// board redraws one line per cluster in flight below the finished ones.
-// briandowns/spinner, which shows a single run, keeps one line only; the
-// board moves the cursor up over the lines it drew and draws them again.
-type board struct {
-	mu       sync.Mutex
-	w        io.Writer
-	live     []*boardLine // in the order the clusters started
-	finished []string     // lines to print above the live ones at the next draw
-	drawn    int          // live lines on screen
-	frame    int
-	ticker   *time.Ticker
-	done     chan struct{}
-	stopped  sync.Once
+// line writes one timestamped line among the clusters' own.
+func (f *Fleet) line(format string, args ...any) {
+	f.lines.Lock()
+	defer f.lines.Unlock()
+	fmt.Fprintf(f.w, "%s %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
 }
 
-// boardLine is one cluster's live line; it is the cluster's Reporter.
-type boardLine struct {
-	b       *board
-	name    string
-	current Event
-	started time.Time
+// encode writes v as one line among the clusters' events.
+func (r *jsonReporter) encode(v any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_ = r.enc.Encode(v)
 }
 
 var boardFrames = spinner.CharSets[14] // the single run's spinner's frames
-
-func newBoard(w io.Writer) *board {
-	b := &board{w: w, ticker: time.NewTicker(100 * time.Millisecond), done: make(chan struct{})}
-	go func() {
-		for {
-			select {
-			case <-b.done:
-				return
-			case <-b.ticker.C:
-				b.mu.Lock()
-				select {
-				case <-b.done: // stopped while this tick waited: stop drew last
-				default:
-					b.frame++
-					b.draw()
-				}
-				b.mu.Unlock()
-			}
-		}
-	}()
-	return b
-}
-
-func (b *board) add(name string) *boardLine {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	l := &boardLine{b: b, name: name, started: time.Now(), current: Event{Action: ConnectAction, Phase: Started}}
-	b.live = append(b.live, l)
-	return l
-}
-
-func (b *board) finish(name string, ok bool, outcome string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for i, l := range b.live {
-		if l.name == name {
-			b.live = append(b.live[:i], b.live[i+1:]...)
-			break
-		}
-	}
-	mark := "✓"
-	if !ok {
-		mark = "✗"
-	}
-	b.finished = append(b.finished, fmt.Sprintf(" %s %s %s", mark, name, outcome))
-	b.draw()
-}
-
-// draw replaces the live lines on screen with the finished lines not yet
-// shown and the live lines as they stand now. The caller holds mu.
-func (b *board) draw() {
-	var s strings.Builder
-	if b.drawn > 0 {
-		fmt.Fprintf(&s, "\x1b[%dA", b.drawn) // up to the first live line
-	}
-	s.WriteString("\r\x1b[J") // and clear from there down
-	for _, l := range b.finished {
-		s.WriteString(l + "\n")
-	}
-	b.finished = nil
-	cols := width(b.w)
-	frame := boardFrames[b.frame%len(boardFrames)]
-	for _, l := range b.live {
-		e := l.current
-		e.ElapsedMs = time.Since(l.started).Milliseconds()
-		s.WriteString(fit(frame+" "+l.name+" "+Text(e), cols-1) + "\n")
-	}
-	b.drawn = len(b.live)
-	_, _ = io.WriteString(b.w, s.String())
-}
-
-func (b *board) stop() {
-	b.stopped.Do(func() {
-		b.ticker.Stop()
-		close(b.done)
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		b.live = nil
-		b.draw()
-	})
-}
-
-// Report shows the cluster's latest event on its line, timed from when that
-// action began.
-func (l *boardLine) Report(e Event) {
-	l.b.mu.Lock()
-	defer l.b.mu.Unlock()
-	if e.Phase == Started || l.current.Action != e.Action || l.current.Machine != e.Machine {
-		l.started = e.Time.Add(-time.Duration(e.ElapsedMs) * time.Millisecond)
-	}
-	l.current = e
-}
-
-// Summary is left to the fleet's closing table.
-func (l *boardLine) Summary(Event, []StepTime) {}
-
-// Stop is the board's, not one cluster's.
-func (l *boardLine) Stop() {}

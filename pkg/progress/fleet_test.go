@@ -2,15 +2,16 @@ package progress
 
 import (
 	"bytes"
+	"encoding/json"
+	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
 
 func TestFleetLinesNameTheirCluster(t *testing.T) {
 	var out, errOut bytes.Buffer
-	f := NewFleet("text", &out, &errOut) // buffers are not terminals: lines
+	f := NewFleet("text", &out, &errOut, nil, FleetKeys{}) // buffers are not terminals: lines
 	at := time.Date(2026, 12, 2, 1, 2, 3, 0, time.UTC)
 	f.For("default", "demo-1").Report(Event{Time: at, Step: 1, Total: 3, Action: "create", Machine: "cp-a", Phase: Done, ElapsedMs: 1200})
 	f.For("prod", "eu-2").Report(Event{Time: at, Action: "pause", Phase: Started})
@@ -34,9 +35,38 @@ func TestFleetLinesNameTheirCluster(t *testing.T) {
 	}
 }
 
+func TestFleetLinesTellThePlanStagesAndSkips(t *testing.T) {
+	var out, errOut bytes.Buffer
+	f := NewFleet("text", &out, &errOut, nil, FleetKeys{})
+	f.Plan("nightly-7", 3, []FleetRow{{Namespace: "a", Cluster: "one", Stage: 1}, {Namespace: "b", Cluster: "two", Stage: 2}})
+	f.Stage(2, "soaking", "soak until 07:42:10")
+	f.Stage(3, "running", "")
+	f.Skipped("prod", "eu-2", "outside window: next opens Sat 02:00 Europe/Berlin")
+	f.Stop()
+	if out.Len() != 0 {
+		t.Fatalf("progress went to stdout: %q", out.String())
+	}
+	stamp := regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ `)
+	lines := strings.Split(strings.TrimSpace(errOut.String()), "\n")
+	want := []string{
+		"fleet run nightly-7: 2 clusters in 3 stages",
+		"stage 2/3 soaking: soak until 07:42:10",
+		"stage 3/3 running",
+		"prod/eu-2 skipped: outside window: next opens Sat 02:00 Europe/Berlin",
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("lines %q, want %d", lines, len(want))
+	}
+	for i, w := range want {
+		if !stamp.MatchString(lines[i]) || stamp.ReplaceAllString(lines[i], "") != w {
+			t.Errorf("line %d: %q, want a timestamp and %q", i, lines[i], w)
+		}
+	}
+}
+
 func TestFleetJSONEventsAreTheClustersOwn(t *testing.T) {
 	var out, errOut bytes.Buffer
-	f := NewFleet("json", &out, &errOut)
+	f := NewFleet("json", &out, &errOut, nil, FleetKeys{})
 	f.For("default", "demo-1").Report(Event{Cluster: "demo-1", Namespace: "default", Action: "pause", Phase: Done})
 	f.Finished("default", "demo-1", true, "done")
 	f.Stop()
@@ -45,51 +75,36 @@ func TestFleetJSONEventsAreTheClustersOwn(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer the board's ticker may write while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// The board redraws one line per cluster in flight, and a finished cluster's
-// line is printed above them once, for good.
-func TestBoardKeepsALiveLinePerClusterInFlight(t *testing.T) {
-	var w syncBuffer
-	b := newBoard(&w)
-	one, two := b.add("default/demo-1"), b.add("default/demo-2")
-	one.Report(Event{Time: time.Now(), Step: 1, Total: 3, Action: "await-healthy", Machine: "cp-a", Phase: Waiting})
-	two.Report(Event{Time: time.Now(), Action: "pause", Phase: Started})
-	b.mu.Lock()
-	b.draw()
-	first := w.String()
-	b.mu.Unlock()
-	for _, want := range []string{"default/demo-1 [1/3] cp-a await-healthy waiting", "default/demo-2 pause started"} {
-		if !strings.Contains(first, want) {
-			t.Errorf("the board %q lacks %q", first, want)
+func TestFleetJSONTellsThePlanStagesAndSkips(t *testing.T) {
+	var out, errOut bytes.Buffer
+	f := NewFleet("json", &out, &errOut, nil, FleetKeys{})
+	f.Plan("nightly-7", 3, []FleetRow{{Namespace: "a", Cluster: "one", Stage: 1}, {Namespace: "b", Cluster: "two", Stage: 2}})
+	f.Stage(2, "soaking", "soak until 07:42:10")
+	f.Skipped("prod", "eu-2", "outside window: next opens Sat 02:00 Europe/Berlin")
+	f.Stop()
+	if errOut.Len() != 0 {
+		t.Fatalf("JSON mode wrote to stderr: %q", errOut.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	want := []string{
+		`{"action":"fleet-run","run":"nightly-7","stages":3,"clusters":2}`,
+		`{"action":"stage","stage":2,"of":3,"phase":"soaking","message":"soak until 07:42:10"}`,
+		`{"action":"skipped","namespace":"prod","cluster":"eu-2","message":"outside window: next opens Sat 02:00 Europe/Berlin"}`,
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("lines %q, want %d", lines, len(want))
+	}
+	for i, l := range lines {
+		var fields map[string]any
+		if err := json.Unmarshal([]byte(l), &fields); err != nil {
+			t.Fatal(err)
 		}
-	}
-	b.finish("default/demo-1", false, "failed (exit 3): member cp-a unhealthy")
-	b.stop()
-	all := w.String()
-	if strings.Count(all, "✗ default/demo-1 failed (exit 3)") != 1 {
-		t.Errorf("the finished cluster's line is not printed exactly once: %q", all)
-	}
-	// Every redraw moves up over the live lines it replaces: two, then one.
-	after := all[len(first):]
-	if !strings.Contains(after, "\x1b[2A") || !strings.HasSuffix(all, "\x1b[1A\r\x1b[J") {
-		t.Errorf("the board does not redraw over its live lines and clear them at the end: %q", after)
+		if _, err := time.Parse(time.RFC3339Nano, fields["time"].(string)); err != nil {
+			t.Errorf("line %d: time: %v", i, err)
+		}
+		// The documented fields in their order, time aside.
+		if rest := `{` + l[strings.Index(l, `"action"`):]; strings.TrimSpace(rest) != want[i] {
+			t.Errorf("line %d: %s, want %s", i, rest, want[i])
+		}
 	}
 }
