@@ -105,6 +105,34 @@ func (u Use) Role(namespace, cluster string) (*rbacv1.Role, error) {
 	return role, nil
 }
 
+//go:embed cp-rollout-fleet.yaml
+var fleetYAML []byte
+
+// FleetRoleName is the Role a fleet run needs where runs are recorded.
+const FleetRoleName = "cp-rollout-fleet"
+
+// FleetRoleYAML is the Role of fleet runs recorded in namespace, comments
+// included.
+func FleetRoleYAML(namespace string) ([]byte, error) {
+	if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
+		return nil, fmt.Errorf("namespace %q: %s", namespace, strings.Join(errs, "; "))
+	}
+	return []byte(strings.ReplaceAll(string(fleetYAML), "${NAMESPACE}", namespace)), nil
+}
+
+// FleetRole is FleetRoleYAML decoded.
+func FleetRole(namespace string) (*rbacv1.Role, error) {
+	raw, err := FleetRoleYAML(namespace)
+	if err != nil {
+		return nil, err
+	}
+	role := &rbacv1.Role{}
+	if err := yaml.UnmarshalStrict(raw, role); err != nil {
+		return nil, fmt.Errorf("deploy/rbac: %s: %w", FleetRoleName, err)
+	}
+	return role, nil
+}
+
 //go:embed cp-rollout-confine.yaml
 var confineYAML []byte
 

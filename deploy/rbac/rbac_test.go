@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"reflect"
@@ -639,5 +640,26 @@ func TestExampleIsWhatRBACPrints(t *testing.T) {
 	}
 	if len(found) != 5 {
 		t.Errorf("the example holds %v: want the policy binding, and a RoleBinding and a ClusterRoleBinding of each use", found)
+	}
+}
+
+// The fleet runs' Role is filled in for its namespace, grants ConfigMaps
+// alone, and refuses a namespace that would change the YAML around it. That
+// it is what a fleet run uses, and all it uses, TestLeastPrivilege shows
+// from the audit log.
+func TestFleetRole(t *testing.T) {
+	role, err := FleetRole("cp-rollout-runs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if role.Name != FleetRoleName || role.Namespace != "cp-rollout-runs" || len(role.Rules) != 1 {
+		t.Fatalf("Role %s/%s with %d rules, want %s/cp-rollout-runs with one", role.Namespace, role.Name, len(role.Rules), FleetRoleName)
+	}
+	r := role.Rules[0]
+	if fmt.Sprint(r.APIGroups, r.Resources, r.Verbs) != "[] [configmaps] [create get list patch]" {
+		t.Errorf("rule %v %v %v, want ConfigMaps: create get list patch", r.APIGroups, r.Resources, r.Verbs)
+	}
+	if _, err := FleetRole("a\nrules: [{}]"); err == nil {
+		t.Error("a namespace with a newline was accepted")
 	}
 }

@@ -142,6 +142,14 @@ func TestBadInputIsUsageError(t *testing.T) {
 		// Flags that would be ignored are refused.
 		{"via with replicas", []string{"plan", "demo", "--replicas", "3", "--via", "v1.35.2"}, "--via needs --version"},
 		{"via with rollout", []string{"plan", "demo", "--rollout", "--via", "v1.35.2"}, "--via needs --version"},
+		// A fleet run's flags, checked before any cluster is read.
+		{"stages on one cluster", []string{"upgrade", "demo", "--version", "v1.36.3", "--stages", "ring=0;ring=1"}, "--stages: only with -l or -A"},
+		{"resume on one cluster", []string{"upgrade", "demo", "--version", "v1.36.3", "--resume", "r1"}, "--resume: only with -l or -A"},
+		{"run and resume", []string{"upgrade", "-A", "--yes", "--version", "v1.36.3", "--run", "a", "--resume", "b"}, "--run names a new fleet run and --resume continues one"},
+		{"empty stage", []string{"upgrade", "-A", "--yes", "--version", "v1.36.3", "--stages", "ring=0;;ring=2"}, "--stages: stage 2 is empty"},
+		{"bad stage", []string{"plan", "-A", "--version", "v1.36.3", "--stages", "ring=0;ring in (1"}, "--stages: stage 2 \"ring in (1\""},
+		{"soak without stages", []string{"upgrade", "-A", "--yes", "--version", "v1.36.3", "--stage-soak", "5m"}, "--stage-soak goes with --stages"},
+		{"run name", []string{"upgrade", "-A", "--yes", "--version", "v1.36.3", "--run", "Nightly_1"}, "run name \"Nightly_1\""},
 		{"workers timeout without waiting", []string{"upgrade", "demo", "--version", "v1.36.3", "--workers-timeout", "1h"}, "--workers-timeout goes with --wait-workers"},
 		{"replace-unhealthy with a restart plan", []string{"plan", "demo", "--restart", "--replace-unhealthy"}, "--replace-unhealthy goes with --version or --replicas"},
 		{"replace-unhealthy with a replace plan", []string{"plan", "demo", "--replace", "m", "--replace-unhealthy"}, "--replace-unhealthy goes with --version or --replicas"},

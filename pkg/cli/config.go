@@ -70,7 +70,10 @@ var configurable = map[string]bool{
 	// how long the tool waits, never what it changes.
 	"timeout": true, "provision-timeout": true, "health-timeout": true, "delete-timeout": true,
 	"soak": true, "handback-timeout": true, "no-wait": true, "workers-timeout": true, "unhealthy-grace": true,
-	"topology-timeout": true, "gate-timeout": true,
+	"topology-timeout": true, "gate-timeout": true, "stage-soak": true,
+	// How long a machine takes here, which maintenance windows must hold,
+	// and where the site records its fleet runs.
+	"machine-time": true, "run-namespace": true,
 	// --soak's former name, still read where a site's file has it.
 	settleFlag: true,
 }
@@ -184,7 +187,10 @@ func applyConfig(cmd *cobra.Command, file string) error {
 	}
 
 	typed := map[string]bool{}
-	cmd.Flags().Visit(func(f *pflag.Flag) { typed[f.Name] = true })
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		typed[f.Name] = true
+		_ = cmd.Flags().SetAnnotation(f.Name, typedAnnotation, []string{"true"})
+	})
 	var setErr error
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
 		if setErr != nil || f.Changed || !configurable[f.Name] || !v.IsSet(f.Name) {
@@ -220,6 +226,17 @@ func applyConfig(cmd *cobra.Command, file string) error {
 		}
 	})
 	return setErr
+}
+
+// typedAnnotation marks, on a flag, that the command line gave it: once the
+// config file and the environment have filled flags in, Changed no longer
+// tells.
+const typedAnnotation = "cp-rollout.io/typed"
+
+// typed reports whether the command line gave the flag name.
+func typed(f *pflag.FlagSet, name string) bool {
+	fl := f.Lookup(name)
+	return fl != nil && fl.Changed && (len(fl.Annotations[typedAnnotation]) > 0 || !configurable[name])
 }
 
 // everyOutput is every value of -o that some verb takes, in the order the

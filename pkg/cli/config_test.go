@@ -88,7 +88,7 @@ var configurableValues = map[string]string{
 	"request-timeout": "30s", "etcd-endpoint": "https://{{.NodeIP}}:2379", "output": "json", "etcd": "true",
 	"timeout": "1h", "provision-timeout": "5m", "health-timeout": "2m", "delete-timeout": "3m", "settle": "10s", "soak": "10s", "gate-timeout": "20m",
 	"handback-timeout": "30s", "no-wait": "true", "workers-timeout": "40m", "unhealthy-grace": "3m",
-	"topology-timeout": "15m",
+	"topology-timeout": "15m", "stage-soak": "10m", "machine-time": "20m", "run-namespace": "cp-rollout-runs",
 }
 
 // The allowlist names only flags that exist, and each of them still comes

@@ -37,7 +37,10 @@ type stagedFlags struct {
 	// context's, namespace when empty.
 	RunNamespace string
 	stages       []labels.Selector
-	given        []string // the flags given, for the refusal without -l/-A
+	// given are the flags typed, for the refusals of flags that do not
+	// apply; a site's config file may set the configurable ones for every
+	// verb.
+	given map[string]bool
 }
 
 func newStagedFlags() stagedFlags { return stagedFlags{MachineTime: 15 * time.Minute} }
@@ -58,21 +61,26 @@ func (s *stagedFlags) addFlags(f *pflag.FlagSet) {
 }
 
 func (s *stagedFlags) complete(f *pflag.FlagSet) {
+	s.given = map[string]bool{}
 	for _, name := range []string{"stages", "stage-soak", "machine-time", "run", "resume"} {
-		if fl := f.Lookup(name); fl != nil && fl.Changed {
-			s.given = append(s.given, "--"+name)
-		}
+		s.given[name] = typed(f, name)
 	}
 }
 
 func (s *stagedFlags) validate(fleetMode bool) error {
+	var given []string
+	for _, name := range []string{"stages", "stage-soak", "machine-time", "run", "resume"} {
+		if s.given[name] {
+			given = append(given, "--"+name)
+		}
+	}
 	var err error
 	switch {
-	case len(s.given) > 0 && !fleetMode:
-		return exitcode.Usagef("%s need -l or -A: a named cluster is one cluster", strings.Join(s.given, ", "))
+	case len(given) > 0 && !fleetMode:
+		return exitcode.Usagef("%s: only with -l or -A, a fleet run; a named cluster is one cluster", strings.Join(given, ", "))
 	case s.StageSoak < 0 || s.MachineTime <= 0:
 		return exitcode.Usagef("--stage-soak must not be negative and --machine-time must be positive")
-	case s.StageSoak > 0 && s.Stages == "":
+	case s.given["stage-soak"] && s.Stages == "":
 		return exitcode.Usagef("--stage-soak goes with --stages: it is the wait between stages")
 	case s.Run != "" && s.Resume != "":
 		return exitcode.Usagef("--run names a new fleet run and --resume continues one: give one of them")

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/cp-rollout/cp-rollout/deploy/rbac"
 	"github.com/cp-rollout/cp-rollout/pkg/exitcode"
 )
 
@@ -154,11 +155,14 @@ func NewRecords(c kubernetes.Interface, namespace string) *Records {
 // Recorder writes one run's record as it goes. Its methods are safe for
 // the concurrent clusters of the run.
 type Recorder struct {
-	r      *Records
-	mu     sync.Mutex
-	run    RunRecord // without Clusters
-	shard  map[Cluster]int
-	states map[Cluster]*ClusterRecord
+	r *Records
+	// runWrites orders the writes of the run's own state: each is the whole
+	// state, so one computed earlier must not land after a later one.
+	runWrites sync.Mutex
+	mu        sync.Mutex
+	run       RunRecord // without Clusters
+	shard     map[Cluster]int
+	states    map[Cluster]*ClusterRecord
 }
 
 // Create records a new run, refusing a name already taken.
@@ -175,7 +179,7 @@ func (r *Records) Create(ctx context.Context, run RunRecord) (*Recorder, error) 
 	case apierrors.IsAlreadyExists(err):
 		return nil, exitcode.Usagef("fleet run %s already exists in namespace %s: continue it with --resume %s, or name a new one", run.Name, r.namespace, run.Name)
 	case err != nil:
-		return nil, fmt.Errorf("recording fleet run %s in namespace %s: %w", run.Name, r.namespace, err)
+		return nil, r.refused(fmt.Errorf("recording fleet run %s in namespace %s: %w", run.Name, r.namespace, err))
 	}
 	r.count(head)
 	// Shards belong to the head: deleting the run deletes them.
@@ -204,7 +208,7 @@ func (r *Records) Create(ctx context.Context, run RunRecord) (*Recorder, error) 
 func (r *Records) Load(ctx context.Context, name string) (*RunRecord, error) {
 	list, err := r.c.CoreV1().ConfigMaps(r.namespace).List(ctx, metav1.ListOptions{LabelSelector: runLabel + "=" + name})
 	if err != nil {
-		return nil, fmt.Errorf("reading fleet run %s in namespace %s: %w", name, r.namespace, err)
+		return nil, r.refused(fmt.Errorf("reading fleet run %s in namespace %s: %w", name, r.namespace, err))
 	}
 	var run *RunRecord
 	var clusters []ClusterRecord
@@ -235,7 +239,7 @@ func (r *Records) Load(ctx context.Context, name string) (*RunRecord, error) {
 func (r *Records) List(ctx context.Context) ([]RunRecord, error) {
 	list, err := r.c.CoreV1().ConfigMaps(r.namespace).List(ctx, metav1.ListOptions{LabelSelector: partLabel + "=run"})
 	if err != nil {
-		return nil, fmt.Errorf("listing fleet runs in namespace %s: %w", r.namespace, err)
+		return nil, r.refused(fmt.Errorf("listing fleet runs in namespace %s: %w", r.namespace, err))
 	}
 	var runs []RunRecord
 	for _, cm := range list.Items {
@@ -259,7 +263,20 @@ func (r *Records) Abort(ctx context.Context, name, who string) error {
 		abortAnnotation: fmt.Sprintf("by %s at %s", who, time.Now().UTC().Format(time.RFC3339))}}})
 	_, err := r.c.CoreV1().ConfigMaps(r.namespace).Patch(ctx, headName(name), types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 	r.Writes.Add(1)
-	return err
+	if err != nil {
+		return r.refused(fmt.Errorf("marking fleet run %s: %w", name, err))
+	}
+	return nil
+}
+
+// refused marks a request the API server forbade as exit 6, saying what
+// grants it: nothing was recorded, so nothing was changed.
+func (r *Records) refused(err error) error {
+	if !apierrors.IsForbidden(err) {
+		return err
+	}
+	return exitcode.New(exitcode.Forbidden, fmt.Errorf("%w: fleet runs are recorded in namespace %s, which needs the Role %s there "+
+		"(deploy/rbac/cp-rollout-fleet.yaml) bound to this identity; or record them elsewhere with --run-namespace", err, r.namespace, rbac.FleetRoleName))
 }
 
 func decodeHead(cm *corev1.ConfigMap) (*RunRecord, error) {
@@ -377,6 +394,8 @@ func (rec *Recorder) setRun(run RunRecord) *corev1.ConfigMap {
 
 // UpdateRun changes the run's own state (not its clusters') and writes it.
 func (rec *Recorder) UpdateRun(ctx context.Context, change func(*RunRecord)) error {
+	rec.runWrites.Lock()
+	defer rec.runWrites.Unlock()
 	rec.mu.Lock()
 	run := rec.run
 	change(&run)

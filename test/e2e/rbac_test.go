@@ -139,6 +139,13 @@ func TestLeastPrivilege(t *testing.T) {
 	assertConverged(t, e, 3, to)
 	// The same upgrade over a selection finds nothing to do; the operator
 	// sees the fleet as the viewer does.
+	// A fleet run records itself where runs are recorded: without the fleet
+	// runs' Role there it is refused before it records or changes anything.
+	if r := e.Plugin(t, ctx, as(operator, "upgrade", "-A", "--yes", "--version", to)...); r.Code != 6 ||
+		!strings.Contains(r.Stderr, "cp-rollout-fleet") || !strings.Contains(r.Stderr, "namespace default") {
+		t.Errorf("upgrade -A as the operator without the fleet Role: exit %d\n%s\nwant 6 naming the Role cp-rollout-fleet and the namespace", r.Code, simtest.Tail(r.Stderr, 5))
+	}
+	bindFleet(t, e, operator)
 	if r := e.Plugin(t, ctx, as(operator, "upgrade", "-A", "--yes", "--version", to)...); r.Code != 0 {
 		t.Errorf("upgrade -A as the operator: exit %d\n%s", r.Code, simtest.Tail(r.Stderr, 20))
 	}
@@ -210,6 +217,8 @@ func TestLeastPrivilege(t *testing.T) {
 			// This scenario's cluster has no ClusterClass topology.
 			"patch clusters.cluster.x-k8s.io":     "the target of a topology cluster (TestClusterClass*)",
 			"get clusterclasses.cluster.x-k8s.io": "a topology cluster's upgrade across minors (TestClusterClassUpgradeThroughTwoMinors)",
+			// A fleet run lists its record to resume (TestFleetStagesSoakAndResume).
+			"list configmaps": "a resumed fleet run, or fleet status",
 		}, byTiming: map[string]string{
 			// A deleting Machine's InfraMachine and KubeadmConfig go before
 			// the Machine does; a live read in that moment asks for them by
@@ -221,6 +230,11 @@ func TestLeastPrivilege(t *testing.T) {
 		}},
 	} {
 		granted := grantedBy(t, c.use)
+		if c.use.Name == rbac.Operate.Name { // and the fleet runs' Role, bound above
+			for _, p := range fleetGrants(t) {
+				granted[p] = true
+			}
+		}
 		// KubeadmConfigs hold the node-join token: the viewer is neither
 		// granted them nor sends a request for one, refused or not
 		// (controlplane asks whether it may first).
@@ -292,6 +306,46 @@ func bind(t *testing.T, e *env, use rbac.Use, user string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// bindFleet grants user the fleet runs' Role in the namespace where the
+// simulator's runs are recorded (its kubeconfig context's: default).
+func bindFleet(t *testing.T, e *env, user string) {
+	t.Helper()
+	role, err := rbac.FleetRole("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.Sim.ManagementClient()
+	parts := strings.Split(user, ":") // system:serviceaccount:<namespace>:<name>
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: role.Namespace, Name: parts[3] + "-fleet"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: parts[2], Name: parts[3]}},
+	}
+	for _, obj := range []client.Object{role, binding} {
+		if err := c.Create(context.Background(), obj); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+}
+
+// fleetGrants lists the fleet runs' Role's permissions as grantedBy does.
+func fleetGrants(t *testing.T) []string {
+	t.Helper()
+	role, err := rbac.FleetRole("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, r := range role.Rules {
+		for _, res := range r.Resources {
+			for _, v := range r.Verbs {
+				out = append(out, strings.TrimSuffix(v+" "+res+"."+r.APIGroups[0], "."))
+			}
+		}
+	}
+	return out
 }
 
 // grantedBy lists a use's permissions as "verb resource.group", expanded
