@@ -5,6 +5,9 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/duration"
+
 	// A management host or a container may lack the system's zoneinfo; the
 	// windows name IANA zones, so the binary carries the database.
 	_ "time/tzdata"
@@ -189,5 +192,5 @@ func (d Decision) When(now time.Time) string {
 	case d.Next.Start.IsZero():
 		return "never: " + d.Why
 	}
-	return fmt.Sprintf("next window: %s (in %s)", d.Next.Start.Format("Mon 2006-01-02 15:04 MST"), d.Next.Start.Sub(now).Round(time.Minute))
+	return fmt.Sprintf("next window: %s (in %s)", d.Next.Start.Format("Mon 2006-01-02 15:04 MST"), duration.HumanDuration(d.Next.Start.Sub(now)))
 }

@@ -71,7 +71,7 @@ func (f *Fleet) Plan(run string, stages int, rows []FleetRow) {
 	case f.board != nil:
 		f.board.send(planMsg{run: run, stages: stages, rows: rows})
 	default:
-		f.line("fleet run %s: %d clusters in %d stages", run, len(rows), stages)
+		f.line("fleet run %s: %s in %s", run, plural(len(rows), "cluster"), plural(stages, "stage"))
 	}
 }
 
@@ -166,3 +166,11 @@ func (r *jsonReporter) encode(v any) {
 }
 
 var boardFrames = spinner.CharSets[14] // the single run's spinner's frames
+
+// plural is n things, in words: "1 cluster", "2 clusters".
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
+}
