@@ -171,6 +171,7 @@ func (r *Records) Create(ctx context.Context, run RunRecord) (*Recorder, error) 
 	run.Namespace = r.namespace
 	// Load gives the clusters in this order: a resumed run finds each in the
 	// shard it was first written to.
+	run.Clusters = slices.Clone(run.Clusters) // the Recorder keeps pointers into it
 	slices.SortFunc(run.Clusters, byStageAndName)
 	head := rec.setRun(run)
 	head.Labels = map[string]string{runLabel: run.Name, partLabel: "run"}
@@ -303,8 +304,11 @@ const (
 // refused, naming its holder.
 func (r *Records) TakeOver(ctx context.Context, name string, waiting func(string)) (*Recorder, error) {
 	run, err := r.Load(ctx, name)
-	if err != nil || run.State != RunRunning {
-		return r.resume(run), err
+	if err != nil {
+		return nil, err
+	}
+	if run.State != RunRunning {
+		return r.resume(run), r.clearAbort(ctx, run)
 	}
 	waiting(fmt.Sprintf("fleet run %s is recorded as running (by %s); taking it over if its record is not renewed within %s", name, run.Holder, holdFor))
 	select {
@@ -320,7 +324,21 @@ func (r *Records) TakeOver(ctx context.Context, name string, waiting func(string
 		return nil, exitcode.Lockedf("fleet run %s is running in %s (its record was renewed at %s): watch it with kubectl cp-rollout fleet status %s, or stop it with fleet abort %s",
 			name, again.Holder, again.Renewed.Format(time.RFC3339), name, name)
 	}
-	return r.resume(again), nil
+	return r.resume(again), r.clearAbort(ctx, again)
+}
+
+// clearAbort lifts a `fleet abort` of run: continuing it is asking it to
+// start clusters again.
+func (r *Records) clearAbort(ctx context.Context, run *RunRecord) error {
+	if run.AbortRequested == "" {
+		return nil
+	}
+	patch := mustJSON(map[string]any{"metadata": map[string]any{"annotations": map[string]any{abortAnnotation: nil}}})
+	r.Writes.Add(1)
+	if _, err := r.c.CoreV1().ConfigMaps(r.namespace).Patch(ctx, headName(run.Name), types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return r.refused(fmt.Errorf("continuing fleet run %s, aborted %s: %w", run.Name, run.AbortRequested, err))
+	}
+	return nil
 }
 
 // resume is a Recorder of a loaded run: its clusters are those of the

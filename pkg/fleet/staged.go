@@ -59,9 +59,9 @@ const (
 var errUnhealthy = errors.New("unhealthy during the soak")
 
 // Run runs the stages of members (placed by Place, or read from a record
-// being resumed) in order and returns the run's error: nil when every
-// cluster that could start is done. Clusters the record already has done
-// are not run again.
+// being resumed) in order. Clusters the record already has done are not run
+// again. How each cluster ended is in the record; the error is the soak's
+// finding alone, which is the run's rather than a cluster's.
 func (s *Staged) Run(ctx context.Context, members []Member) error {
 	failed, aborted := 0, ""
 	mayStart := func(ctx context.Context) bool {
@@ -83,8 +83,8 @@ func (s *Staged) Run(ctx context.Context, members []Member) error {
 	var runErr error
 	for n := 1; n <= s.Stages; n++ {
 		stage := membersOf(members, n)
-		if ctx.Err() != nil || aborted != "" || runErr != nil || failed > s.Limits.MaxFailures {
-			s.notStarted(ctx, stage, "")
+		if why := held(ctx, aborted, runErr, failed, s.Limits.MaxFailures); why != "" {
+			s.notStarted(ctx, stage, why)
 			continue
 		}
 		s.stage(ctx, n, StageRunning, fmt.Sprintf("%d clusters", len(stage)))
@@ -97,7 +97,7 @@ func (s *Staged) Run(ctx context.Context, members []Member) error {
 		for _, r := range results {
 			switch {
 			case !r.Started:
-				s.notStarted(ctx, []Member{torun[r.Cluster]}, aborted)
+				s.notStarted(ctx, []Member{torun[r.Cluster]}, held(ctx, aborted, nil, failed, s.Limits.MaxFailures))
 			case r.Err != nil:
 				failed++
 				stageFailed = append(stageFailed, r.Cluster.String())
@@ -109,12 +109,18 @@ func (s *Staged) Run(ctx context.Context, members []Member) error {
 		case ctx.Err() != nil:
 			s.stage(ctx, n, StageFailed, "stopped")
 			continue
-		case len(stageFailed) > 0:
-			s.stage(ctx, n, StageFailed, strings.Join(stageFailed, ", ")+" failed")
-			continue
 		case aborted != "":
 			s.stage(ctx, n, StageFailed, "aborted by "+aborted)
 			continue
+		case failed > s.Limits.MaxFailures:
+			s.stage(ctx, n, StageFailed, fmt.Sprintf("%s failed, beyond --max-failures %d", strings.Join(stageFailed, ", "), s.Limits.MaxFailures))
+			continue
+		}
+		// Failures within the budget hold nothing back; the clusters that
+		// are done soak all the same.
+		message := ""
+		if len(stageFailed) > 0 {
+			message = fmt.Sprintf("%s failed, within --max-failures %d", strings.Join(stageFailed, ", "), s.Limits.MaxFailures)
 		}
 		if n < s.Stages && s.Soak > 0 {
 			if err := s.soak(ctx, n, ran); err != nil {
@@ -122,9 +128,26 @@ func (s *Staged) Run(ctx context.Context, members []Member) error {
 				continue
 			}
 		}
-		s.stage(ctx, n, StageDone, "")
+		s.stage(ctx, n, StageDone, message)
 	}
 	return s.end(ctx, runErr, aborted)
+}
+
+// held says why no more clusters start, if none do: the run was stopped or
+// aborted, a soak found a cluster unhealthy, or the failures went beyond
+// the budget.
+func held(ctx context.Context, aborted string, soakErr error, failed, maxFailures int) string {
+	switch {
+	case ctx.Err() != nil:
+		return "stopped"
+	case aborted != "":
+		return "aborted by " + aborted
+	case soakErr != nil:
+		return "a cluster of an earlier stage was unhealthy during its soak"
+	case failed > maxFailures:
+		return fmt.Sprintf("--max-failures %d", maxFailures)
+	}
+	return ""
 }
 
 // one runs a cluster and records how it ended.
@@ -164,7 +187,10 @@ func (s *Staged) due(ctx context.Context, stage []Member) (torun map[Cluster]Mem
 			torun[m.Cluster] = m
 			continue
 		}
-		why := OutsideWindow + ": " + d.Why + "; " + d.When(now)
+		why := OutsideWindow + ": " + d.Why
+		if !d.Next.Start.IsZero() {
+			why += "; " + d.When(now)
+		}
 		s.write(ctx, m.Cluster, func(c *ClusterRecord) { c.State, c.Message = OutsideWindow, why })
 		if s.Watch != nil {
 			s.Watch.Skipped(m.Namespace, m.Name, why)
@@ -177,8 +203,8 @@ func (s *Staged) due(ctx context.Context, stage []Member) (torun map[Cluster]Mem
 // SoakEvery and once more at the end. The first that is unhealthy ends the
 // soak, naming it.
 func (s *Staged) soak(ctx context.Context, n int, clusters []Member) error {
-	until := s.Now().Add(s.Soak)
-	s.stage(ctx, n, StageSoaking, "until "+until.Format("15:04:05"))
+	s.stage(ctx, n, StageSoaking, "until "+s.Now().Add(s.Soak).Format("15:04:05"))
+	until := s.Now().Add(s.Soak) // from after the write, so that the soak reads its clusters throughout
 	for {
 		for _, m := range clusters {
 			if err := s.Healthy(ctx, m.Cluster); err != nil {

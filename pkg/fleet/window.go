@@ -102,6 +102,9 @@ func parseSpan(s string) (span, error) {
 	if sp.length <= 0 { // ends the next day; 00:00-00:00 is the whole day
 		sp.length += 24 * time.Hour
 	}
+	if fields[2] == "Local" { // the zone of whichever machine runs the tool
+		return span{}, fmt.Errorf("zone Local means the zone of the machine running the tool: name the cluster's own, such as UTC or Europe/Berlin")
+	}
 	if sp.loc, err = time.LoadLocation(fields[2]); err != nil {
 		return span{}, fmt.Errorf("zone %q: %w", fields[2], err)
 	}
@@ -138,8 +141,12 @@ func (w Window) openings(now time.Time) []Opening {
 			if !sp.days[day.Weekday()] {
 				continue
 			}
-			start := time.Date(day.Year(), day.Month(), day.Day(), 0, 0, 0, 0, sp.loc).Add(sp.start)
-			if end := start.Add(sp.length); end.After(now) {
+			// Wall-clock minutes, which time.Date normalises on the zone's
+			// calendar: 02:00-06:00 stays 02:00-06:00 on the night the
+			// clocks change, though it lasts three or five hours.
+			start := time.Date(day.Year(), day.Month(), day.Day(), 0, int(sp.start/time.Minute), 0, 0, sp.loc)
+			end := time.Date(day.Year(), day.Month(), day.Day(), 0, int((sp.start+sp.length)/time.Minute), 0, 0, sp.loc)
+			if end.After(now) {
 				out = append(out, Opening{Start: start, End: end})
 			}
 		}
