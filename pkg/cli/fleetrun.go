@@ -163,17 +163,22 @@ func (o *changeOptions) startRun(ctx context.Context, records *fleet.Records) (*
 	}
 	request := o.req.request.String()
 	if name := o.req.staged.Resume; name != "" {
+		// The request is checked before any wait to take the run over.
+		recorded, err := records.Load(ctx, name)
+		if err != nil {
+			return nil, nil, nil, o.req.conn.firstContact(ctx, err)
+		}
+		if recorded.Request != request {
+			return nil, nil, nil, exitcode.Usagef("fleet run %s is a run to %s, not to %s: --resume continues a run with its own request (%s)", name, strings.TrimPrefix(recorded.Request, string(o.req.request.Operation)+" to "), o.req.request.TargetString(), recorded.Command)
+		}
+		if o.req.staged.Stages != "" && strings.Join(o.req.staged.stageSelectors(), ";") != recordedStages(*recorded) {
+			return nil, nil, nil, exitcode.Usagef("fleet run %s has the stages %q, not %q: leave --stages out, or start a new run", name, recordedStages(*recorded), o.req.staged.Stages)
+		}
 		rec, err := records.TakeOver(ctx, name, func(msg string) { fmt.Fprintln(o.req.Streams.ErrOut, msg) })
 		if err != nil {
 			return nil, nil, nil, err
 		}
 		run := rec.Run()
-		if run.Request != request {
-			return nil, nil, nil, exitcode.Usagef("fleet run %s is a run to %s, not to %s: --resume continues a run with its own request (%s)", name, strings.TrimPrefix(run.Request, string(o.req.request.Operation)+" to "), o.req.request.TargetString(), run.Command)
-		}
-		if o.req.staged.Stages != "" && strings.Join(o.req.staged.stageSelectors(), ";") != recordedStages(run) {
-			return nil, nil, nil, exitcode.Usagef("fleet run %s has the stages %q, not %q: leave --stages out, or start a new run", name, recordedStages(run), o.req.staged.Stages)
-		}
 		now := map[fleet.Cluster]fleet.Member{}
 		for _, m := range members {
 			now[m.Cluster] = m
@@ -275,7 +280,7 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 	}
 	board.Plan(run.Name, len(run.Stages), rows)
 	if o.req.Output != "json" {
-		fmt.Fprintf(streams.ErrOut, "fleet run %s is recorded in namespace %s: watch it with kubectl cp-rollout fleet status %s; continue it after a stop with the same command and --resume %s\n",
+		fmt.Fprintf(streams.ErrOut, "fleet run %s (recorded in namespace %s): fleet status %s shows it; after a stop, --resume %s continues it\n",
 			run.Name, run.Namespace, run.Name, run.Name)
 	}
 	for _, s := range skipped {
@@ -353,7 +358,11 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 		return err
 	}
 	if n := final.Count()[fleet.OutsideWindow]; n > 0 {
-		fmt.Fprintf(streams.ErrOut, "%d clusters were outside their maintenance windows and wait for them: continue with the same command and --resume %s once they open (plan shows when)\n", n, run.Name)
+		which := fmt.Sprintf("%d clusters were outside their maintenance windows and wait for them", n)
+		if n == 1 {
+			which = "1 cluster was outside its maintenance window and waits for it"
+		}
+		fmt.Fprintf(streams.ErrOut, "%s: continue with the same command and --resume %s once they open (plan shows when)\n", which, run.Name)
 	}
 	if ctx.Err() != nil {
 		fmt.Fprintf(streams.ErrOut, "stopped; each KubeadmControlPlane a run had paused stays paused with its operation record. Continue with the same command and --resume %s.\n", run.Name)

@@ -198,6 +198,11 @@ func printRun(out io.Writer, run *fleet.RunRecord, opts tableOptions) error {
 	}
 	fmt.Fprintf(out, "Run:         %s (namespace %s)\nRequest:     %s\nState:       %s%s\nStarted:     %s by %s\nClusters:    %d: %s\n",
 		run.Name, run.Namespace, run.Request, run.State, prefixed(": ", run.Message), run.Started.Format(time.RFC3339), run.StartedBy, len(run.Clusters), strings.Join(tally, ", "))
+	if run.State == fleet.RunRunning && !run.Renewed.IsZero() {
+		// A killed run's record stays "running": when it was last renewed
+		// tells a live run (every 5s) from a dead one.
+		fmt.Fprintf(out, "Renewed:     %s by %s (%s ago; a running run renews it every 5s)\n", run.Renewed.Format(time.RFC3339), run.Holder, age(run.Renewed, time.Now()))
+	}
 	if run.AbortRequested != "" {
 		fmt.Fprintf(out, "Abort:       asked %s\n", run.AbortRequested)
 	}

@@ -87,6 +87,7 @@ func (s *Staged) Run(ctx context.Context, members []Member) error {
 			s.notStarted(ctx, stage, why)
 			continue
 		}
+		soaked := s.recordedStage(n) == StageDone // by an earlier attempt
 		s.stage(ctx, n, StageRunning, fmt.Sprintf("%d clusters", len(stage)))
 		torun, ran := s.due(ctx, stage)
 		limits := Limits{Parallel: s.Limits.Parallel, MaxFailures: s.Limits.MaxFailures - failed}
@@ -123,7 +124,13 @@ func (s *Staged) Run(ctx context.Context, members []Member) error {
 			message = fmt.Sprintf("%s failed, within --max-failures %d", strings.Join(stageFailed, ", "), s.Limits.MaxFailures)
 		}
 		if n < s.Stages && s.Soak > 0 {
-			if err := s.soak(ctx, n, ran); err != nil {
+			soak := s.Soak
+			if soaked && len(torun) == 0 {
+				// An earlier attempt soaked this stage and nothing in it ran
+				// since: one live read shows it still healthy.
+				soak = 0
+			}
+			if err := s.soak(ctx, n, ran, soak); err != nil {
 				runErr = err
 				continue
 			}
@@ -199,12 +206,12 @@ func (s *Staged) due(ctx context.Context, stage []Member) (torun map[Cluster]Mem
 	return torun, done
 }
 
-// soak waits s.Soak after stage n, reading each of its clusters live every
+// soak waits soak after stage n, reading each of its clusters live every
 // SoakEvery and once more at the end. The first that is unhealthy ends the
 // soak, naming it.
-func (s *Staged) soak(ctx context.Context, n int, clusters []Member) error {
-	s.stage(ctx, n, StageSoaking, "until "+s.Now().Add(s.Soak).Format("15:04:05"))
-	until := s.Now().Add(s.Soak) // from after the write, so that the soak reads its clusters throughout
+func (s *Staged) soak(ctx context.Context, n int, clusters []Member, soak time.Duration) error {
+	s.stage(ctx, n, StageSoaking, "until "+s.Now().Add(soak).Format("15:04:05"))
+	until := s.Now().Add(soak) // from after the write, so that the soak reads its clusters throughout
 	for {
 		for _, m := range clusters {
 			if err := s.Healthy(ctx, m.Cluster); err != nil {
@@ -264,6 +271,14 @@ func (s *Staged) end(ctx context.Context, soakErr error, aborted string) error {
 	defer cancel()
 	_ = s.Record.UpdateRun(wctx, func(r *RunRecord) { r.State, r.Message, r.Holder = state, msg, "" })
 	return err
+}
+
+// recordedStage is stage n's state as the record has it.
+func (s *Staged) recordedStage(n int) string {
+	if stages := s.Record.Run().Stages; n-1 < len(stages) {
+		return stages[n-1].State
+	}
+	return ""
 }
 
 func (s *Staged) stage(ctx context.Context, n int, state, message string) {
