@@ -41,7 +41,7 @@ TEST_TIMEOUT   ?= 45m
 # two at a time by internal/sim/simtest.
 TEST_PARALLEL  ?= 4
 
-.PHONY: all build plugin demo sim test test-e2e test-packages test-long test-runbooks test-faults test-capi capi-binaries bench bench-fleet bench-startup envtest lint release-check clean
+.PHONY: all build plugin demo sim test test-e2e test-packages test-long test-runbooks test-faults test-capi capi-binaries bench bench-fleet bench-startup fleet-scale board-capture envtest lint release-check clean
 all: build
 
 build: plugin ## bin/kubectl-cp_rollout, its kubectl completion helper, bin/cp-rollout-sim
@@ -154,6 +154,13 @@ bench-fleet: plugin ## status -A over 1,000 inert clusters of 5 machines: time a
 	@mkdir -p bench
 	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin CP_ROLLOUT_BENCH_OUT=$(CURDIR)/bench \
 		$(GO) test ./test/e2e -run '^$$' -bench BenchmarkStatusFleet -benchtime 1x -timeout 30m
+
+fleet-scale: ## the largest fleet of simulated clusters this machine holds (CLUSTERS=24, PARALLEL=4), upgraded in three stages; figures in bench/fleet-sim.json
+	@mkdir -p bench
+	hack/fleet-scale.sh bench/fleet-sim.json
+
+board-capture: ## a staged fleet run of six simulated clusters in tmux, the live board captured into docs/fleet-board.txt (about 3 minutes)
+	hack/board-capture.sh docs/fleet-board.txt
 
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -296,18 +296,7 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 			ranMu.Lock()
 			ran[m.Cluster] = true
 			ranMu.Unlock()
-			one := *o
-			one.req.conn, one.req.sel, one.inFleet = o.req.conn.forCluster(m.Cluster), selection{}, true
-			counter := &machineCounter{Reporter: board.For(m.Namespace, m.Name)}
-			began := time.Now()
-			err := one.runOne(ctx, counter)
-			changed := counter.machines()
-			outcome := fmt.Sprintf("done: %s in %s", strings.Replace(changed, "none", "no machine changed", 1), time.Since(began).Round(100*time.Millisecond))
-			if err != nil {
-				outcome = fmt.Sprintf("failed (exit %d): %v", exitcode.Of(err), err)
-			}
-			board.Finished(m.Namespace, m.Name, err == nil, outcome)
-			return changed, err
+			return o.fleetOne(ctx, board, m)
 		}}
 	runErr := staged.Run(ctx, members)
 	board.Stop()
@@ -321,38 +310,8 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 	final := rec.Run()
 	rowsOut, failed, notStarted, codes := recordRows(final, skipped, ran, stop)
 	summary := runErr
-	if summary == nil && (failed > 0 || notStarted > 0) {
-		var parts []string
-		if failed > 0 {
-			what := "failed"
-			if stop != exitcode.OK {
-				what = "failed or were stopped"
-			}
-			parts = append(parts, fmt.Sprintf("%d of %d clusters %s (%s)", failed, len(final.Clusters), what, strings.Join(failedNames(rowsOut), ", ")))
-		}
-		if notStarted > 0 {
-			why := fmt.Sprintf("--max-failures %d", o.limits.MaxFailures)
-			switch {
-			case stop != exitcode.OK:
-				why = "stopped"
-			case final.State == fleet.RunAborted:
-				why = final.Message
-			}
-			what := fmt.Sprintf("%d not started (%s)", notStarted, why)
-			if failed == 0 {
-				what = fmt.Sprintf("%d of %d clusters not started (%s)", notStarted, len(final.Clusters), why)
-			}
-			parts = append(parts, what)
-		}
-		code := exitcode.Worst(codes...)
-		switch {
-		case code != exitcode.OK:
-		case stop != exitcode.OK:
-			code = stop
-		default: // aborted: an operator stopped it, as Ctrl-C would
-			code = exitcode.Interrupted
-		}
-		summary = exitcode.New(code, errors.New(strings.Join(parts, "; ")))
+	if summary == nil {
+		summary = o.summary(final, rowsOut, failed, notStarted, codes, stop)
 	}
 	if err := printFleet(streams.Out, o.req.Output, run.Name, rowsOut, exitcode.Of(summary)); err != nil {
 		return err
@@ -368,6 +327,64 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 		fmt.Fprintf(streams.ErrOut, "stopped; each KubeadmControlPlane a run had paused stays paused with its operation record. Continue with the same command and --resume %s.\n", run.Name)
 	}
 	return summary
+}
+
+// fleetOne runs the change on one cluster of a fleet run, exactly as a run
+// on that cluster alone, its events on its row of the board, and says what
+// it did to the machines.
+func (o *changeOptions) fleetOne(ctx context.Context, board *progress.Fleet, m fleet.Member) (string, error) {
+	one := *o
+	one.req.conn, one.req.sel, one.inFleet = o.req.conn.forCluster(m.Cluster), selection{}, true
+	counter := &machineCounter{Reporter: board.For(m.Namespace, m.Name)}
+	began := time.Now()
+	err := one.runOne(ctx, counter)
+	changed := counter.machines()
+	outcome := fmt.Sprintf("done: %s in %s", strings.Replace(changed, "none", "no machine changed", 1), time.Since(began).Round(100*time.Millisecond))
+	if err != nil {
+		outcome = fmt.Sprintf("failed (exit %d): %v", exitcode.Of(err), err)
+	}
+	board.Finished(m.Namespace, m.Name, err == nil, outcome)
+	return changed, err
+}
+
+// summary is a fleet run's error when clusters failed or did not start:
+// which, and why, with the worst of their exit codes; nil when none did.
+// An abort that stopped the starts is an operator's stop, as Ctrl-C is.
+func (o *changeOptions) summary(final fleet.RunRecord, rows []fleetRow, failed, notStarted int, codes []int, stop int) error {
+	if failed == 0 && notStarted == 0 {
+		return nil
+	}
+	var parts []string
+	if failed > 0 {
+		what := "failed"
+		if stop != exitcode.OK {
+			what = "failed or were stopped"
+		}
+		parts = append(parts, fmt.Sprintf("%d of %d clusters %s (%s)", failed, len(final.Clusters), what, strings.Join(failedNames(rows), ", ")))
+	}
+	if notStarted > 0 {
+		why := fmt.Sprintf("--max-failures %d", o.limits.MaxFailures)
+		switch {
+		case stop != exitcode.OK:
+			why = "stopped"
+		case final.State == fleet.RunAborted:
+			why = final.Message
+		}
+		what := fmt.Sprintf("%d not started (%s)", notStarted, why)
+		if failed == 0 {
+			what = fmt.Sprintf("%d of %d clusters not started (%s)", notStarted, len(final.Clusters), why)
+		}
+		parts = append(parts, what)
+	}
+	code := exitcode.Worst(codes...)
+	switch {
+	case code != exitcode.OK:
+	case stop != exitcode.OK:
+		code = stop
+	default: // aborted
+		code = exitcode.Interrupted
+	}
+	return exitcode.New(code, errors.New(strings.Join(parts, "; ")))
 }
 
 // recordRows is the closing table from the run's record: its clusters in
