@@ -150,10 +150,10 @@ bench-startup: ## `version` of the stripped release binary, median of 10 after a
 	@mkdir -p bench
 	CP_ROLLOUT_BENCH_OUT=$(CURDIR)/bench $(GO) test ./test/e2e -run '^$$' -bench BenchmarkStartup -benchtime 1x
 
-bench-fleet: plugin ## status -A over 1,000 inert clusters of 5 machines: time and peak memory (about 4 minutes); figures in bench/fleet-status.json
+bench-fleet: plugin ## status -A over 1,000 inert clusters of 5 machines: time and peak memory; a staged fleet run's own machinery (rollouts stubbed) at 1,000 and 2,000 clusters: placement, record writes, memory, fleet status (about 10 minutes); figures in bench/fleet-status.json and bench/fleet-run.json
 	@mkdir -p bench
 	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin CP_ROLLOUT_BENCH_OUT=$(CURDIR)/bench \
-		$(GO) test ./test/e2e -run '^$$' -bench BenchmarkStatusFleet -benchtime 1x -timeout 30m
+		$(GO) test ./test/e2e -run '^$$' -bench 'Benchmark(StatusFleet|FleetRun)' -benchtime 1x -timeout 30m
 
 fleet-scale: ## the largest fleet of simulated clusters this machine holds (CLUSTERS=24, PARALLEL=4), upgraded in three stages; figures in bench/fleet-sim.json
 	@mkdir -p bench

@@ -119,6 +119,9 @@ func (c *connection) records(runNamespace string) (*fleet.Records, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A run writes each cluster's start and end: client-go's default of 5
+	// requests a second would be its pace at fleet scale.
+	cfg.QPS, cfg.Burst = 50, 100
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -264,7 +267,10 @@ func (o *changeOptions) runFleet(ctx context.Context) error {
 	run := rec.Run()
 	ctx, quit := context.WithCancelCause(ctx)
 	defer quit(nil)
-	keep, stopKeeping := context.WithCancel(ctx)
+	// The record is renewed until the run's last write, after a stop too:
+	// otherwise another --resume could take the run over while this one
+	// still writes.
+	keep, stopKeeping := context.WithCancel(context.WithoutCancel(ctx))
 	kept := make(chan struct{})
 	go func() { defer close(kept); rec.Keep(keep, holderName()) }()
 

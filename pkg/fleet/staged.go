@@ -240,12 +240,13 @@ func (s *Staged) soak(ctx context.Context, n int, clusters []Member, soak time.D
 // notStarted records clusters the run did not start; those waiting for
 // their windows stay so.
 func (s *Staged) notStarted(ctx context.Context, members []Member, why string) {
+	var clusters []Cluster
 	for _, m := range members {
-		if st := s.Record.Cluster(m.Cluster).State; st == Done || st == OutsideWindow {
-			continue
+		if st := s.Record.Cluster(m.Cluster).State; st != Done && st != OutsideWindow {
+			clusters = append(clusters, m.Cluster)
 		}
-		s.write(ctx, m.Cluster, func(c *ClusterRecord) { c.State, c.Message = NotStarted, why })
 	}
+	_ = s.Record.UpdateClusters(context.WithoutCancel(ctx), clusters, func(c *ClusterRecord) { c.State, c.Message = NotStarted, why })
 }
 
 // end records the run's state and returns its error.
