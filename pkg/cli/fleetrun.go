@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/labels"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -55,7 +56,7 @@ func (s *stagedFlags) addPlanFlags(f *pflag.FlagSet) {
 // addFlags adds the staged run's flags to a verb that changes clusters.
 func (s *stagedFlags) addFlags(f *pflag.FlagSet) {
 	s.addPlanFlags(f)
-	f.StringVar(&s.Run, "run", "", "With -l/-A: the name of this fleet run's record (default: the verb and the time)")
+	f.StringVar(&s.Run, "run", "", "With -l/-A: the name of this fleet run's record (default: the verb, the time and a random suffix)")
 	f.StringVar(&s.Resume, "resume", "", "With -l/-A: continue the recorded fleet run RUN, given the same command; clusters it has done are not run again")
 	f.StringVar(&s.RunNamespace, "run-namespace", "", "The namespace where fleet runs are recorded (default: -n's, or the kubeconfig context's)")
 }
@@ -206,7 +207,8 @@ func (o *changeOptions) startRun(ctx context.Context, records *fleet.Records) (*
 	}
 	name := o.req.staged.Run
 	if name == "" {
-		name = fmt.Sprintf("%s-%s", o.req.request.Operation, time.Now().UTC().Format("20060102-150405"))
+		// The suffix keeps two runs started in the same second apart.
+		name = fmt.Sprintf("%s-%s-%s", o.req.request.Operation, time.Now().UTC().Format("20060102-150405"), utilrand.String(4))
 	}
 	run := fleet.RunRecord{Name: name, Request: request, Command: strings.Join(os.Args, " "), Parallel: o.limits.Parallel,
 		MaxFail: o.limits.MaxFailures, StartedBy: o.req.conn.whoAmI(ctx), Started: time.Now().UTC(), State: fleet.RunRunning}
