@@ -155,7 +155,7 @@ bench-fleet: plugin ## status -A over 1,000 inert clusters of 5 machines: time a
 	KUBEBUILDER_ASSETS=$$(hack/envtest-binaries.sh) CP_ROLLOUT_PLUGIN_DIR=$(CURDIR)/bin CP_ROLLOUT_BENCH_OUT=$(CURDIR)/bench \
 		$(GO) test ./test/e2e -run '^$$' -bench 'Benchmark(StatusFleet|FleetRun)' -benchtime 1x -timeout 30m
 
-fleet-scale: ## the largest fleet of simulated clusters this machine holds (CLUSTERS=24, PARALLEL=4), upgraded in three stages; figures in bench/fleet-sim.json
+fleet-scale: ## the largest fleet of simulated clusters this machine holds (CLUSTERS=32, PARALLEL=4), upgraded in three stages; figures in bench/fleet-sim.json
 	@mkdir -p bench
 	hack/fleet-scale.sh bench/fleet-sim.json
 
