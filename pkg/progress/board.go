@@ -118,13 +118,12 @@ type boardRow struct {
 	note     string // why it was skipped, or how it ended
 	started  time.Time
 	ended    time.Time
-	// deleted is the latest step whose delete is done: that step's machine
-	// is replaced (or removed) even while its deletion is still awaited.
-	deleted int
 }
 
-// progress is how many of the row's machines are done, of how many. A run
-// that ended well did all it had to.
+// progress is how many of the row's machines are done, of how many: the
+// steps before the one in flight (a step is one machine; which of its
+// actions ends it is the rollout's to say, not the board's), and all of
+// them once the run ended well.
 func (r *boardRow) progress() (done, total int) {
 	total = r.machines
 	if r.last.Total > 0 {
@@ -133,7 +132,7 @@ func (r *boardRow) progress() (done, total int) {
 	if r.result == resultDone {
 		return total, total
 	}
-	return max(r.last.Step-1, r.deleted, 0), total
+	return max(r.last.Step-1, 0), total
 }
 
 type boardModel struct {
@@ -205,9 +204,6 @@ func (m *boardModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case eventMsg:
 		r := m.row(msg.name)
 		r.last = msg.e
-		if msg.e.Action == "delete" && msg.e.Phase == Done {
-			r.deleted = msg.e.Step
-		}
 	case skippedMsg:
 		r := m.row(msg.name)
 		r.result, r.note = resultSkipped, msg.why
