@@ -269,12 +269,17 @@ func (r *Records) List(ctx context.Context) ([]RunRecord, error) {
 // Abort asks run to start no new cluster. Those in flight finish; the run
 // sees it before it starts each cluster.
 func (r *Records) Abort(ctx context.Context, name, who string) error {
-	if _, err := r.Load(ctx, name); err != nil {
+	run, err := r.Load(ctx, name)
+	if err != nil {
 		return err
+	}
+	if run.State != RunRunning {
+		// A --resume would lift the mark: it would stop nothing.
+		return exitcode.Usagef("fleet run %s is not running (it is %s): there is nothing to abort", name, run.State)
 	}
 	patch := mustJSON(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
 		abortAnnotation: fmt.Sprintf("by %s at %s", who, time.Now().UTC().Format(time.RFC3339))}}})
-	_, err := r.c.CoreV1().ConfigMaps(r.namespace).Patch(ctx, headName(name), types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	_, err = r.c.CoreV1().ConfigMaps(r.namespace).Patch(ctx, headName(name), types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 	r.Writes.Add(1)
 	if err != nil {
 		return r.refused(fmt.Errorf("marking fleet run %s: %w", name, err))

@@ -259,6 +259,13 @@ func TestRecordsKeepRunsInConfigMaps(t *testing.T) {
 		if err := records.Abort(ctx, "never", "bob@ops"); exitcode.Of(err) != exitcode.Usage {
 			t.Errorf("Abort of a run never recorded: %v (exit %d), want exit 2", err, exitcode.Of(err))
 		}
+		// A run that ended has nothing to abort: a --resume would lift the mark.
+		if err := rec.UpdateRun(ctx, func(r *RunRecord) { r.State = RunDone }); err != nil {
+			t.Fatal(err)
+		}
+		if err := records.Abort(ctx, "to-abort", "bob@ops"); exitcode.Of(err) != exitcode.Usage || !strings.Contains(fmt.Sprint(err), "is not running (it is done)") {
+			t.Errorf("Abort of a run that is done: %v (exit %d), want exit 2 saying it is not running", err, exitcode.Of(err))
+		}
 	})
 
 	t.Run("a run not running is taken over at once", func(t *testing.T) {
