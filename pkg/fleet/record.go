@@ -269,7 +269,16 @@ func (r *Records) List(ctx context.Context) ([]RunRecord, error) {
 // Abort asks run to start no new cluster. Those in flight finish; the run
 // sees it before it starts each cluster.
 func (r *Records) Abort(ctx context.Context, name, who string) error {
-	run, err := r.Load(ctx, name)
+	// The run's own ConfigMap says whether it runs: its clusters' shards
+	// are not read.
+	head, err := r.c.CoreV1().ConfigMaps(r.namespace).Get(ctx, headName(name), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return exitcode.Usagef("no fleet run %s in namespace %s (list them with kubectl cp-rollout fleet status --run-namespace %s)", name, r.namespace, r.namespace)
+	}
+	if err != nil {
+		return r.refused(fmt.Errorf("reading fleet run %s in namespace %s: %w", name, r.namespace, err))
+	}
+	run, err := decodeHead(head)
 	if err != nil {
 		return err
 	}
